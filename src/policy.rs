@@ -1,0 +1,317 @@
+//! Compiled sandbox policies and the decision function.
+//!
+//! Pure: no I/O, no tokio, no hyper. The proxy, the dry-run CLI, the fuzzers and the
+//! benches all decide with [`Policy::decide`].
+
+pub mod decision;
+pub mod hosts;
+pub mod net;
+pub mod rule;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use decision::{Decision, DenyReason, RuleList, RuleSource, Verdict};
+use hosts::{HostEntry, HostRules};
+use net::{NetEntry, NetRules};
+pub use rule::{HostPattern, PortSpec, Rule, RuleError, parse_rule};
+
+use crate::addr::{Host, Target};
+
+/// `enforce` denies; `report` lets denied traffic through and logs `would_deny`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Report,
+}
+
+#[derive(Debug, Default)]
+struct RuleSet {
+    hosts: HostRules,
+    nets: NetRules,
+}
+
+/// One compiled policy.
+#[derive(Debug)]
+pub struct Policy {
+    name: String,
+    mode: Mode,
+    default_ports: Vec<u16>,
+    rules: Vec<RuleSource>,
+    allow: RuleSet,
+    deny: RuleSet,
+}
+
+impl Policy {
+    pub fn builder(name: &str, mode: Mode, default_ports: &[u16]) -> PolicyBuilder {
+        PolicyBuilder {
+            policy: Policy {
+                name: name.to_string(),
+                mode,
+                default_ports: default_ports.to_vec(),
+                rules: Vec::new(),
+                allow: RuleSet::default(),
+                deny: RuleSet::default(),
+            },
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn rules(&self) -> &[RuleSource] {
+        &self.rules
+    }
+
+    /// Decides whether `target` may be reached. Deny rules beat allow rules; no match
+    /// is a deny. The decision names the rule that matched.
+    pub fn decide(&self, target: &Target) -> Decision<'_> {
+        Decision {
+            verdict: self.verdict(target),
+            report_only: self.mode == Mode::Report,
+        }
+    }
+
+    fn verdict(&self, target: &Target) -> Verdict<'_> {
+        let port = target.port;
+        if let Some(rule) = self.first_match(&self.deny, target, |p| deny_port_matches(p, port)) {
+            return Verdict::Deny {
+                reason: DenyReason::HostDenied,
+                rule: Some(rule),
+            };
+        }
+        if let Some(rule) =
+            self.first_match(&self.allow, target, |p| self.allow_port_matches(p, port))
+        {
+            return Verdict::Allow { rule };
+        }
+        // The host is listed but not on this port: say so, naming the rule.
+        if let Some(rule) = self.first_match(&self.allow, target, |_| true) {
+            return Verdict::Deny {
+                reason: DenyReason::PortNotAllowed,
+                rule: Some(rule),
+            };
+        }
+        Verdict::Deny {
+            reason: DenyReason::HostNotAllowed,
+            rule: None,
+        }
+    }
+
+    fn first_match(
+        &self,
+        set: &RuleSet,
+        target: &Target,
+        port_ok: impl Fn(PortSpec) -> bool,
+    ) -> Option<&RuleSource> {
+        let idx = match &target.host {
+            Host::Name(name) => set
+                .hosts
+                .matching(name)
+                .find(|e| port_ok(e.ports))
+                .map(|e| e.rule),
+            Host::Ip(ip) => set
+                .nets
+                .matching(*ip)
+                .find(|e| port_ok(e.ports))
+                .map(|e| e.rule),
+        };
+        idx.and_then(|i| self.rules.get(i))
+    }
+
+    fn allow_port_matches(&self, spec: PortSpec, port: u16) -> bool {
+        match spec {
+            PortSpec::Default => self.default_ports.contains(&port),
+            PortSpec::Any => true,
+            PortSpec::One(p) => p == port,
+        }
+    }
+}
+
+fn deny_port_matches(spec: PortSpec, port: u16) -> bool {
+    match spec {
+        PortSpec::Default | PortSpec::Any => true,
+        PortSpec::One(p) => p == port,
+    }
+}
+
+/// Adds rules to a policy under construction.
+pub struct PolicyBuilder {
+    policy: Policy,
+}
+
+impl PolicyBuilder {
+    /// Parses and adds one rule. `location` is `file:line` for messages and `check`.
+    pub fn add(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), RuleError> {
+        let rule = parse_rule(text)?;
+        let idx = self.policy.rules.len();
+        self.policy.rules.push(RuleSource {
+            text: text.to_string(),
+            list,
+            location: location.to_string(),
+        });
+        let set = match list {
+            RuleList::Allow => &mut self.policy.allow,
+            RuleList::Deny => &mut self.policy.deny,
+        };
+        let entry = HostEntry {
+            ports: rule.ports,
+            rule: idx,
+        };
+        match rule.pattern {
+            HostPattern::Exact(name) => set.hosts.add_exact(&name, entry),
+            HostPattern::Suffix(suffix) => set.hosts.add_suffix(&suffix, entry),
+            HostPattern::Net(net) => set.nets.add(NetEntry {
+                net,
+                ports: rule.ports,
+                rule: idx,
+            }),
+        }
+        Ok(())
+    }
+
+    pub fn build(self) -> Policy {
+        self.policy
+    }
+}
+
+/// A sandbox: its id, how it authenticates and which policy governs it.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    pub id: String,
+    /// SHA-256 of the sandbox's static token.
+    pub token_sha256: [u8; 32],
+    pub policy: Arc<Policy>,
+}
+
+/// Every policy and sandbox known to the gateway at one generation.
+#[derive(Debug, Default)]
+pub struct PolicySet {
+    pub policies: HashMap<String, Arc<Policy>>,
+    pub sandboxes: HashMap<String, Sandbox>,
+}
+
+impl PolicySet {
+    pub fn sandbox(&self, id: &str) -> Option<&Sandbox> {
+        self.sandboxes.get(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::parse_authority;
+
+    fn policy(mode: Mode, allow: &[&str], deny: &[&str]) -> Policy {
+        let mut b = Policy::builder("p", mode, &[80, 443]);
+        for a in allow {
+            b.add(RuleList::Allow, a, "test").unwrap();
+        }
+        for d in deny {
+            b.add(RuleList::Deny, d, "test").unwrap();
+        }
+        b.build()
+    }
+
+    fn decide(p: &Policy, target: &str) -> (&'static str, Option<DenyReason>, Option<String>) {
+        let t = parse_authority(target, None).unwrap();
+        let d = p.decide(&t);
+        (d.label(), d.reason(), d.rule().map(|r| r.text.clone()))
+    }
+
+    #[test]
+    fn allow_deny_and_ports() {
+        let p = policy(
+            Mode::Enforce,
+            &[
+                "pypi.org",
+                "files.pythonhosted.org",
+                "*.githubusercontent.com:443",
+                "alt.example:*",
+                "198.51.100.0/24:8443",
+            ],
+            &["upload.pypi.org", "*.evil.githubusercontent.com"],
+        );
+        assert_eq!(
+            decide(&p, "pypi.org:443"),
+            ("allow", None, Some("pypi.org".into()))
+        );
+        assert_eq!(decide(&p, "pypi.org:80").0, "allow");
+        assert_eq!(
+            decide(&p, "pypi.org:22"),
+            (
+                "deny",
+                Some(DenyReason::PortNotAllowed),
+                Some("pypi.org".into())
+            )
+        );
+        assert_eq!(
+            decide(&p, "upload.pypi.org:443").1,
+            Some(DenyReason::HostDenied)
+        );
+        assert_eq!(decide(&p, "raw.githubusercontent.com:443").0, "allow");
+        assert_eq!(
+            decide(&p, "raw.githubusercontent.com:80").1,
+            Some(DenyReason::PortNotAllowed)
+        );
+        assert_eq!(
+            decide(&p, "githubusercontent.com:443").1,
+            Some(DenyReason::HostNotAllowed)
+        );
+        assert_eq!(
+            decide(&p, "x.evil.githubusercontent.com:443"),
+            (
+                "deny",
+                Some(DenyReason::HostDenied),
+                Some("*.evil.githubusercontent.com".into())
+            )
+        );
+        assert_eq!(decide(&p, "alt.example:9999").0, "allow");
+        assert_eq!(decide(&p, "198.51.100.7:8443").0, "allow");
+        assert_eq!(
+            decide(&p, "198.51.100.7:443").1,
+            Some(DenyReason::PortNotAllowed)
+        );
+        assert_eq!(decide(&p, "[::ffff:198.51.100.7]:8443").0, "allow");
+        assert_eq!(
+            decide(&p, "example.com:443").1,
+            Some(DenyReason::HostNotAllowed)
+        );
+    }
+
+    #[test]
+    fn deny_beats_allow_and_ip_rules_match_only_literals() {
+        let p = policy(
+            Mode::Enforce,
+            &["a.example.com", "203.0.113.7:443"],
+            &["a.example.com:443"],
+        );
+        assert_eq!(
+            decide(&p, "a.example.com:443").1,
+            Some(DenyReason::HostDenied)
+        );
+        assert_eq!(decide(&p, "a.example.com:80").0, "allow");
+        assert_eq!(decide(&p, "203.0.113.7:443").0, "allow");
+        assert_eq!(
+            decide(&p, "203.0.113.8:443").1,
+            Some(DenyReason::HostNotAllowed)
+        );
+    }
+
+    #[test]
+    fn report_mode_permits_and_labels() {
+        let p = policy(Mode::Report, &["a.com"], &[]);
+        let t = parse_authority("b.com:443", None).unwrap();
+        let d = p.decide(&t);
+        assert!(d.permits());
+        assert_eq!(d.label(), "would_deny");
+        assert_eq!(d.reason(), Some(DenyReason::HostNotAllowed));
+    }
+}

@@ -1,0 +1,166 @@
+//! The outcome of a policy decision and the stable deny-reason codes.
+
+use std::fmt;
+
+/// Stable deny-reason codes. Users script against these strings: never rename one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenyReason {
+    AuthRequired,
+    AuthInvalid,
+    TokenExpired,
+    HostNotAllowed,
+    HostDenied,
+    PortNotAllowed,
+    AddressDenied,
+    ResolveFailed,
+    RepoNotConnected,
+    GitWriteDenied,
+    GitRefDenied,
+    BadRequest,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+    LimitExceeded,
+}
+
+impl DenyReason {
+    pub const ALL: [DenyReason; 15] = [
+        DenyReason::AuthRequired,
+        DenyReason::AuthInvalid,
+        DenyReason::TokenExpired,
+        DenyReason::HostNotAllowed,
+        DenyReason::HostDenied,
+        DenyReason::PortNotAllowed,
+        DenyReason::AddressDenied,
+        DenyReason::ResolveFailed,
+        DenyReason::RepoNotConnected,
+        DenyReason::GitWriteDenied,
+        DenyReason::GitRefDenied,
+        DenyReason::BadRequest,
+        DenyReason::UpstreamUnreachable,
+        DenyReason::UpstreamTimeout,
+        DenyReason::LimitExceeded,
+    ];
+
+    pub fn code(self) -> &'static str {
+        match self {
+            DenyReason::AuthRequired => "auth_required",
+            DenyReason::AuthInvalid => "auth_invalid",
+            DenyReason::TokenExpired => "token_expired",
+            DenyReason::HostNotAllowed => "host_not_allowed",
+            DenyReason::HostDenied => "host_denied",
+            DenyReason::PortNotAllowed => "port_not_allowed",
+            DenyReason::AddressDenied => "address_denied",
+            DenyReason::ResolveFailed => "resolve_failed",
+            DenyReason::RepoNotConnected => "repo_not_connected",
+            DenyReason::GitWriteDenied => "git_write_denied",
+            DenyReason::GitRefDenied => "git_ref_denied",
+            DenyReason::BadRequest => "bad_request",
+            DenyReason::UpstreamUnreachable => "upstream_unreachable",
+            DenyReason::UpstreamTimeout => "upstream_timeout",
+            DenyReason::LimitExceeded => "limit_exceeded",
+        }
+    }
+
+    /// A one-line explanation for people reading a denial.
+    pub fn message(self) -> &'static str {
+        match self {
+            DenyReason::AuthRequired => "proxy credentials required",
+            DenyReason::AuthInvalid => "proxy credentials are not valid",
+            DenyReason::TokenExpired => "sandbox token has expired",
+            DenyReason::HostNotAllowed => "destination host is not in the sandbox policy",
+            DenyReason::HostDenied => "destination host is denied by the sandbox policy",
+            DenyReason::PortNotAllowed => "destination port is not allowed for this host",
+            DenyReason::AddressDenied => "destination resolves only to denied addresses",
+            DenyReason::ResolveFailed => "destination host could not be resolved",
+            DenyReason::RepoNotConnected => "repository is not connected for this sandbox",
+            DenyReason::GitWriteDenied => "pushing to this repository is not allowed",
+            DenyReason::GitRefDenied => "pushing to this ref is not allowed",
+            DenyReason::BadRequest => "malformed or unsupported request",
+            DenyReason::UpstreamUnreachable => "upstream could not be reached",
+            DenyReason::UpstreamTimeout => "upstream did not answer in time",
+            DenyReason::LimitExceeded => "a gateway limit was exceeded",
+        }
+    }
+}
+
+impl fmt::Display for DenyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// Which list a rule came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleList {
+    Allow,
+    Deny,
+}
+
+/// A policy rule as written, with where it was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSource {
+    pub text: String,
+    pub list: RuleList,
+    /// `file:line` where the rule is defined (empty for built-in policies).
+    pub location: String,
+}
+
+impl fmt::Display for RuleSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = match self.list {
+            RuleList::Allow => "allow",
+            RuleList::Deny => "deny",
+        };
+        write!(f, "{list} {:?}", self.text)
+    }
+}
+
+/// What the policy says about one target. Borrowed from the policy: no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict<'p> {
+    Allow {
+        rule: &'p RuleSource,
+    },
+    Deny {
+        reason: DenyReason,
+        rule: Option<&'p RuleSource>,
+    },
+}
+
+/// A verdict together with the policy mode: in report mode a deny verdict is let
+/// through and logged as `would_deny`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision<'p> {
+    pub verdict: Verdict<'p>,
+    pub report_only: bool,
+}
+
+impl<'p> Decision<'p> {
+    /// True when traffic may pass (allowed, or denied in report mode).
+    pub fn permits(&self) -> bool {
+        matches!(self.verdict, Verdict::Allow { .. }) || self.report_only
+    }
+
+    /// `allow`, `deny` or `would_deny` as written in the access log.
+    pub fn label(&self) -> &'static str {
+        match (self.verdict, self.report_only) {
+            (Verdict::Allow { .. }, _) => "allow",
+            (Verdict::Deny { .. }, false) => "deny",
+            (Verdict::Deny { .. }, true) => "would_deny",
+        }
+    }
+
+    pub fn rule(&self) -> Option<&'p RuleSource> {
+        match self.verdict {
+            Verdict::Allow { rule } => Some(rule),
+            Verdict::Deny { rule, .. } => rule,
+        }
+    }
+
+    pub fn reason(&self) -> Option<DenyReason> {
+        match self.verdict {
+            Verdict::Allow { .. } => None,
+            Verdict::Deny { reason, .. } => Some(reason),
+        }
+    }
+}
