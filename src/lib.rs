@@ -1,4 +1,14 @@
 //! egress-gateway: the egress gateway and DNS firewall for AI-agent code sandboxes.
 
+pub mod access_log;
 pub mod addr;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod gateway;
 pub mod policy;
+pub mod proxy;
+pub mod reload;
+pub mod resolve;
+pub mod telemetry;

@@ -1,1 +1,124 @@
-fn main() {}
+//! Thin entry point: parse the command line, start telemetry and the runtime, call the
+//! library, map errors to a message on stderr and an exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use egress_gateway::cli::{Cli, Command, ConfigCommand, TokenCommand, read_token_from_stdin};
+use egress_gateway::config::{self, Config};
+use egress_gateway::gateway::Gateway;
+use egress_gateway::{auth, demo, telemetry};
+use tokio_util::sync::CancellationToken;
+
+const EXIT_ERROR: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("egress-gateway: error: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve { config, listen } => serve(config, listen),
+        Command::Config {
+            command: ConfigCommand::Validate { config },
+        } => {
+            let cfg = load_or_demo(config)?.0;
+            let set = config::load_policies(&cfg)?;
+            eprintln!(
+                "{}: valid ({} policies, {} sandboxes)",
+                cfg.file,
+                set.policies.len(),
+                set.sandboxes.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Token {
+            command: TokenCommand::Hash,
+        } => {
+            let token = read_token_from_stdin()?;
+            anyhow::ensure!(!token.is_empty(), "empty token on standard input");
+            #[expect(clippy::print_stdout, reason = "CLI output")]
+            {
+                println!("{}", hex::encode(auth::token_sha256(&token)));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Token {
+            command: TokenCommand::Generate,
+        } => {
+            let token = auth::generate_token();
+            #[expect(clippy::print_stdout, reason = "CLI output")]
+            {
+                println!("token        = {token}");
+                println!("token_sha256 = {}", hex::encode(auth::token_sha256(&token)));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The config from `path`, or the built-in demo (with its generated token).
+fn load_or_demo(path: Option<std::path::PathBuf>) -> anyhow::Result<(Config, Option<String>)> {
+    match path {
+        Some(p) => Ok((config::load(&p)?, None)),
+        None => {
+            let (cfg, token) = demo::config()?;
+            Ok((cfg, Some(token)))
+        }
+    }
+}
+
+fn serve(
+    path: Option<std::path::PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+) -> anyhow::Result<ExitCode> {
+    let (mut cfg, demo_token) = load_or_demo(path)?;
+    if let Some(l) = listen {
+        cfg.proxy.listen = l;
+    }
+    telemetry::init(&cfg.log).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let gateway = Gateway::bind(cfg).await?;
+        if let Some(token) = demo_token {
+            let addr = gateway.proxy_addr()?;
+            eprintln!(
+                "\nDemo mode: built-in policy, sandbox \"{sbx}\", token generated for this run.\n\
+                 Try:  curl -x http://{sbx}:{token}@{addr} https://pypi.org/simple/ -o /dev/null -w '%{{http_code}}\\n'\n\
+                 Denied: curl -x http://{sbx}:{token}@{addr} https://example.com/\n",
+                sbx = demo::DEMO_SANDBOX,
+            );
+        }
+        let shutdown = CancellationToken::new();
+        tokio::spawn(watch_signals(shutdown.clone()));
+        gateway.run(shutdown).await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn watch_signals(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    shutdown.cancel();
+}

@@ -1,0 +1,115 @@
+//! One access-log record per request or tunnel. Field names are a stable interface:
+//! `ts, sandbox, kind, method, target, decision, reason, rule, policy,
+//! policy_generation, upstream_addr, status, bytes_up, bytes_down, duration_ms,
+//! client_addr, vpce`. Never a token, never a header value.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// The `tracing` target of access-log events.
+pub const TARGET: &str = "access";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Connect,
+    Forward,
+    Git,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connect => "connect",
+            Kind::Forward => "forward",
+            Kind::Git => "git",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AccessRecord {
+    pub kind: Kind,
+    pub method: String,
+    /// Normalised target, or the raw request target (truncated) when it did not parse.
+    pub target: String,
+    pub client_addr: SocketAddr,
+    pub started: Instant,
+    pub sandbox: Option<String>,
+    pub policy: Option<String>,
+    pub policy_generation: u64,
+    pub decision: &'static str,
+    pub reason: Option<&'static str>,
+    pub rule: Option<String>,
+    pub upstream_addr: Option<SocketAddr>,
+    pub status: u16,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub vpce: Option<String>,
+}
+
+/// Longest raw target echoed into logs and error bodies.
+const MAX_RAW_TARGET: usize = 256;
+
+/// A printable, bounded rendering of an unparsed request target.
+pub fn raw_target(s: &str) -> String {
+    let mut end = s.len().min(MAX_RAW_TARGET);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end]
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+impl AccessRecord {
+    pub fn new(
+        kind: Kind,
+        method: &str,
+        target: String,
+        client_addr: SocketAddr,
+        generation: u64,
+    ) -> Self {
+        AccessRecord {
+            kind,
+            method: method.to_string(),
+            target,
+            client_addr,
+            started: Instant::now(),
+            sandbox: None,
+            policy: None,
+            policy_generation: generation,
+            decision: "deny",
+            reason: None,
+            rule: None,
+            upstream_addr: None,
+            status: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+            vpce: None,
+        }
+    }
+
+    pub fn emit(&self) {
+        let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            target: TARGET,
+            sandbox = self.sandbox.as_deref(),
+            kind = self.kind.as_str(),
+            method = self.method.as_str(),
+            target = self.target.as_str(),
+            decision = self.decision,
+            reason = self.reason,
+            rule = self.rule.as_deref(),
+            policy = self.policy.as_deref(),
+            policy_generation = self.policy_generation,
+            upstream_addr = self.upstream_addr.map(tracing::field::display),
+            status = self.status,
+            bytes_up = self.bytes_up,
+            bytes_down = self.bytes_down,
+            duration_ms,
+            client_addr = %self.client_addr,
+            vpce = self.vpce.as_deref(),
+        );
+    }
+}

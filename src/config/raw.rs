@@ -1,0 +1,155 @@
+//! The configuration files as written: serde structs with `deny_unknown_fields` and a
+//! named default for every key. Nothing here interprets a value; `validate` does.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::policy::Mode;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub proxy: RawProxy,
+    pub log: RawLog,
+    pub resolver: RawResolver,
+    pub egress: RawEgress,
+    pub policy: RawPolicySection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawProxy {
+    pub listen: String,
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub response_header_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub tunnel_idle_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+}
+
+pub fn default_listen() -> String {
+    "0.0.0.0:4002".to_string()
+}
+
+impl Default for RawProxy {
+    fn default() -> Self {
+        RawProxy {
+            listen: default_listen(),
+            header_read_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            response_header_timeout: Duration::from_secs(120),
+            tunnel_idle_timeout: Duration::from_secs(300),
+            shutdown_timeout: Duration::from_secs(10),
+            max_connections: 10_000,
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLog {
+    pub format: String,
+    pub level: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog {
+            format: "auto".to_string(),
+            level: "info".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawResolver {
+    /// Empty: the system's resolv.conf.
+    pub nameservers: Vec<String>,
+    pub hosts: BTreeMap<String, Vec<String>>,
+    pub hosts_file: bool,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for RawResolver {
+    fn default() -> Self {
+        RawResolver {
+            nameservers: Vec::new(),
+            hosts: BTreeMap::new(),
+            hosts_file: true,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawEgress {
+    pub deny: Vec<String>,
+    pub allow: Vec<String>,
+    pub ports: Vec<u16>,
+}
+
+impl Default for RawEgress {
+    fn default() -> Self {
+        RawEgress {
+            deny: vec!["builtin".to_string()],
+            allow: Vec::new(),
+            ports: vec![80, 443],
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPolicySection {
+    pub dir: String,
+    pub mode: Mode,
+}
+
+impl Default for RawPolicySection {
+    fn default() -> Self {
+        RawPolicySection {
+            dir: "policy".to_string(),
+            mode: Mode::Enforce,
+        }
+    }
+}
+
+/// One policy file: any number of policies and sandboxes.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPolicyFile {
+    pub policies: BTreeMap<String, RawPolicy>,
+    pub sandboxes: Vec<Spanned<RawSandbox>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPolicy {
+    pub allow: Vec<Spanned<String>>,
+    pub deny: Vec<Spanned<String>>,
+    pub mode: Option<Mode>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSandbox {
+    pub id: String,
+    pub token_sha256: String,
+    pub policy: String,
+}

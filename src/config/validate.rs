@@ -1,0 +1,257 @@
+//! Raw gateway config -> typed, validated [`Config`]. Nothing downstream re-parses.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::error::{ConfigError, DisplayPath};
+use super::raw::RawConfig;
+use crate::addr;
+use crate::policy::Mode;
+use crate::policy::net::{EgressFilter, builtin_deny};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this came from, for messages and relative paths.
+    pub file: DisplayPath,
+    pub proxy: ProxyConfig,
+    pub log: LogConfig,
+    pub resolver: ResolverConfig,
+    pub egress: EgressConfig,
+    pub policy: PolicyConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    pub header_read_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub response_header_timeout: Duration,
+    pub tunnel_idle_timeout: Duration,
+    pub shutdown_timeout: Duration,
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Text on a terminal, JSON otherwise.
+    Auto,
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// An `EnvFilter` directive such as `info` or `info,egress_gateway=debug`.
+    pub level: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResolverConfig {
+    /// Empty: use the system configuration (resolv.conf).
+    pub nameservers: Vec<SocketAddr>,
+    pub hosts: HashMap<String, Vec<IpAddr>>,
+    pub hosts_file: bool,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    pub filter: EgressFilter,
+    pub ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone)]
+pub enum PolicySource {
+    /// Every `*.toml` file in this directory.
+    Dir(PathBuf),
+    /// Policy text compiled into the binary or generated (the demo).
+    Inline { label: String, text: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    pub source: PolicySource,
+    pub mode: Mode,
+}
+
+const MIN_HEADER_BYTES: usize = 1024;
+const MAX_HEADER_BYTES: usize = 1024 * 1024;
+
+/// Validates `raw`, read from `file`; relative paths are resolved against `base_dir`.
+pub fn validate(
+    raw: RawConfig,
+    file: &DisplayPath,
+    base_dir: &Path,
+) -> Result<Config, ConfigError> {
+    let err = |key: &str, msg: &dyn std::fmt::Display| ConfigError::invalid(file, key, msg);
+
+    let p = raw.proxy;
+    let listen: SocketAddr = p.listen.parse().map_err(|_| {
+        err(
+            "proxy.listen",
+            &format!("expected IP:PORT, got {:?}", p.listen),
+        )
+    })?;
+    positive(file, "proxy.header_read_timeout", p.header_read_timeout)?;
+    positive(file, "proxy.connect_timeout", p.connect_timeout)?;
+    positive(
+        file,
+        "proxy.response_header_timeout",
+        p.response_header_timeout,
+    )?;
+    positive(file, "proxy.tunnel_idle_timeout", p.tunnel_idle_timeout)?;
+    if p.max_connections == 0 {
+        return Err(err("proxy.max_connections", &"expected at least 1"));
+    }
+    if !(MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&p.max_header_bytes) {
+        return Err(err(
+            "proxy.max_header_bytes",
+            &format!(
+                "expected {MIN_HEADER_BYTES} to {MAX_HEADER_BYTES}, got {}",
+                p.max_header_bytes
+            ),
+        ));
+    }
+    if !(8..=10_000).contains(&p.max_headers) {
+        return Err(err(
+            "proxy.max_headers",
+            &format!("expected 8 to 10000, got {}", p.max_headers),
+        ));
+    }
+    let proxy = ProxyConfig {
+        listen,
+        header_read_timeout: p.header_read_timeout,
+        connect_timeout: p.connect_timeout,
+        response_header_timeout: p.response_header_timeout,
+        tunnel_idle_timeout: p.tunnel_idle_timeout,
+        shutdown_timeout: p.shutdown_timeout,
+        max_connections: p.max_connections,
+        max_header_bytes: p.max_header_bytes,
+        max_headers: p.max_headers,
+    };
+
+    let format = match raw.log.format.as_str() {
+        "auto" => LogFormat::Auto,
+        "json" => LogFormat::Json,
+        "text" => LogFormat::Text,
+        other => {
+            return Err(err(
+                "log.format",
+                &format!("expected \"auto\", \"json\" or \"text\", got {other:?}"),
+            ));
+        }
+    };
+    if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
+        return Err(err(
+            "log.level",
+            &format!("expected a level such as \"info\", got {:?}", raw.log.level),
+        ));
+    }
+    let log = LogConfig {
+        format,
+        level: raw.log.level,
+    };
+
+    let r = raw.resolver;
+    let mut nameservers = Vec::with_capacity(r.nameservers.len());
+    for (i, ns) in r.nameservers.iter().enumerate() {
+        let addr = ns
+            .parse::<SocketAddr>()
+            .or_else(|_| ns.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+            .map_err(|_| {
+                err(
+                    &format!("resolver.nameservers[{i}]"),
+                    &format!("expected IP or IP:PORT, got {ns:?}"),
+                )
+            })?;
+        nameservers.push(addr);
+    }
+    let mut hosts = HashMap::new();
+    for (name, addrs) in r.hosts {
+        let key = format!("resolver.hosts.{name:?}");
+        let norm = addr::normalize_hostname(&name)
+            .map_err(|e| err(&key, &format!("invalid hostname: {e}")))?;
+        let mut ips = Vec::with_capacity(addrs.len());
+        for a in &addrs {
+            ips.push(
+                a.parse::<IpAddr>()
+                    .map_err(|_| err(&key, &format!("expected IP addresses, got {a:?}")))?,
+            );
+        }
+        if ips.is_empty() {
+            return Err(err(&key, &"expected at least one address"));
+        }
+        hosts.insert(norm, ips);
+    }
+    positive(file, "resolver.timeout", r.timeout)?;
+    let resolver = ResolverConfig {
+        nameservers,
+        hosts,
+        hosts_file: r.hosts_file,
+        timeout: r.timeout,
+    };
+
+    let mut deny = Vec::new();
+    for (i, d) in raw.egress.deny.iter().enumerate() {
+        if d == "builtin" {
+            deny.extend(builtin_deny());
+        } else {
+            deny.push(parse_net(d).map_err(|m| err(&format!("egress.deny[{i}]"), &m))?);
+        }
+    }
+    let mut allow = Vec::new();
+    for (i, a) in raw.egress.allow.iter().enumerate() {
+        allow.push(parse_net(a).map_err(|m| err(&format!("egress.allow[{i}]"), &m))?);
+    }
+    if raw.egress.ports.contains(&0) {
+        return Err(err("egress.ports", &"expected ports 1-65535, got 0"));
+    }
+    let egress = EgressConfig {
+        filter: EgressFilter::new(deny, allow),
+        ports: raw.egress.ports,
+    };
+
+    let dir = PathBuf::from(&raw.policy.dir);
+    let dir = if dir.is_absolute() {
+        dir
+    } else {
+        base_dir.join(dir)
+    };
+    let policy = PolicyConfig {
+        source: PolicySource::Dir(dir),
+        mode: raw.policy.mode,
+    };
+
+    Ok(Config {
+        file: file.clone(),
+        proxy,
+        log,
+        resolver,
+        egress,
+        policy,
+    })
+}
+
+fn positive(file: &DisplayPath, key: &str, d: Duration) -> Result<(), ConfigError> {
+    if d.is_zero() {
+        return Err(ConfigError::invalid(
+            file,
+            key,
+            "expected a duration above zero, such as \"10s\"",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("expected \"builtin\", an IP address or a CIDR, got {s:?}"))
+}

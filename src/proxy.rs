@@ -1,0 +1,178 @@
+//! The proxy on port 4002: CONNECT tunnels and absolute-form HTTP forwarding, both
+//! through one decision path (identify, normalise, decide, resolve and vet, act, record).
+
+pub mod connect;
+pub mod forward;
+pub mod respond;
+pub mod server;
+pub mod tunnel;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::auth;
+use crate::config::Config;
+use crate::policy::{Decision, DenyReason, Sandbox};
+use crate::reload::{State, Store};
+use crate::resolve::Resolver;
+use respond::Denial;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+pub type UpstreamClient = Client<upstream::VettingConnector, forward::CountingBody<Incoming>>;
+
+/// What every connection handler shares.
+pub struct Shared {
+    pub config: Config,
+    pub store: Store,
+    pub resolver: Arc<Resolver>,
+    pub client: UpstreamClient,
+    /// Tunnels and upgraded connections outlive their request; they are tracked here so
+    /// shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// Fires when in-flight work must stop (after the shutdown grace period).
+    pub hard_stop: CancellationToken,
+}
+
+/// Per-connection facts.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+}
+
+/// Entry point for every request on the proxy port.
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Arc<Shared>,
+) -> Response<ProxyBody> {
+    let state = shared.store.snapshot();
+    if req.method() == Method::CONNECT {
+        connect::handle(req, conn, shared, state).await
+    } else if req.uri().scheme().is_some() {
+        forward::handle(req, conn, shared, state).await
+    } else {
+        let mut rec = AccessRecord::new(
+            Kind::Forward,
+            req.method().as_str(),
+            raw_target(&req.uri().to_string()),
+            conn.peer,
+            state.generation,
+        );
+        let hint = "this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT, \
+                    e.g. curl -x http://SANDBOX_ID:TOKEN@gateway:4002 URL";
+        reject(&mut rec, DenyReason::BadRequest, hint)
+    }
+}
+
+/// Authenticates from `Proxy-Authorization`.
+fn identify<'s>(state: &'s State, req: &Request<Incoming>) -> Result<&'s Sandbox, auth::AuthError> {
+    let value = req
+        .headers()
+        .get(http::header::PROXY_AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    auth::authenticate_header(&state.policies, value)
+}
+
+/// Records and answers a denial that happened before a sandbox was known, or for a
+/// request that is malformed.
+fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<ProxyBody> {
+    let resp = respond::deny(
+        reason,
+        &Denial {
+            target: Some(&rec.target),
+            sandbox: rec.sandbox.as_deref(),
+            policy: rec.policy.as_deref(),
+            hint: Some(hint.to_string()),
+            ..Denial::default()
+        },
+    );
+    finish(rec, reason, None, resp)
+}
+
+/// Records and answers a policy denial.
+fn deny_by_policy(
+    rec: &mut AccessRecord,
+    decision: &Decision<'_>,
+    reason: DenyReason,
+) -> Response<ProxyBody> {
+    let rule = decision.rule();
+    let hint = hint_for(
+        reason,
+        &rec.target,
+        rec.policy.as_deref().unwrap_or(""),
+        rule.map(|r| r.location.as_str()),
+    );
+    let resp = respond::deny(
+        reason,
+        &Denial {
+            target: Some(&rec.target),
+            sandbox: rec.sandbox.as_deref(),
+            policy: rec.policy.as_deref(),
+            rule: rule.map(|r| r.text.as_str()),
+            hint,
+        },
+    );
+    rec.rule = rule.map(|r| r.text.clone());
+    finish(rec, reason, rec.rule.clone(), resp)
+}
+
+fn finish(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    rule: Option<String>,
+    resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    rec.decision = "deny";
+    rec.reason = Some(reason.code());
+    rec.rule = rule;
+    rec.status = resp.status().as_u16();
+    rec.emit();
+    resp
+}
+
+fn hint_for(
+    reason: DenyReason,
+    target: &str,
+    policy: &str,
+    location: Option<&str>,
+) -> Option<String> {
+    match reason {
+        DenyReason::HostNotAllowed | DenyReason::PortNotAllowed => Some(format!(
+            "to allow it, add \"{target}\" to policies.{policy}.allow"
+        )),
+        DenyReason::HostDenied => location.map(|l| format!("denied by the rule at {l}")),
+        DenyReason::AuthRequired | DenyReason::AuthInvalid => {
+            Some("use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL".to_string())
+        }
+        _ => None,
+    }
+}
+
+/// Fills the identity and decision fields of a record.
+fn record_decision(rec: &mut AccessRecord, sandbox: &Sandbox, decision: &Decision<'_>) {
+    rec.sandbox = Some(sandbox.id.clone());
+    rec.policy = Some(sandbox.policy.name().to_string());
+    rec.decision = decision.label();
+    rec.reason = decision.reason().map(DenyReason::code);
+    rec.rule = decision.rule().map(|r| r.text.clone());
+    if decision.report_only && decision.reason().is_some() {
+        tracing::info!(
+            sandbox = %sandbox.id,
+            policy = sandbox.policy.name(),
+            target = %rec.target,
+            reason = decision.reason().map(DenyReason::code),
+            "would_deny: policy in report mode let a denied request through"
+        );
+    }
+}

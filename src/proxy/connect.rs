@@ -1,0 +1,100 @@
+//! CONNECT: validate, identify, decide, resolve and vet, connect upstream, and only then
+//! answer `200` and relay bytes.
+
+use std::sync::Arc;
+
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::{
+    ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject, respond, tunnel,
+};
+use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::addr;
+use crate::policy::DenyReason;
+use crate::reload::State;
+
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Arc<Shared>,
+    state: Arc<State>,
+) -> Response<ProxyBody> {
+    let uri = req.uri();
+    let mut rec = AccessRecord::new(
+        Kind::Connect,
+        "CONNECT",
+        raw_target(&uri.to_string()),
+        conn.peer,
+        state.generation,
+    );
+
+    if req.version() != Version::HTTP_11 {
+        return reject(
+            &mut rec,
+            DenyReason::BadRequest,
+            "CONNECT requires HTTP/1.1",
+        );
+    }
+    let authority = match (uri.scheme(), uri.path_and_query(), uri.authority()) {
+        (None, None, Some(a)) => a.as_str(),
+        _ => {
+            return reject(
+                &mut rec,
+                DenyReason::BadRequest,
+                "CONNECT target must be host:port",
+            );
+        }
+    };
+    let target = match addr::parse_authority(authority, None) {
+        Ok(t) => t,
+        Err(e) => {
+            return reject(
+                &mut rec,
+                DenyReason::BadRequest,
+                &format!("invalid CONNECT target: {e}"),
+            );
+        }
+    };
+    rec.target = target.to_string();
+
+    let sandbox = match identify(&state, &req) {
+        Ok(s) => s,
+        Err(e) => return reject(&mut rec, e.reason(), &e.to_string()),
+    };
+    let decision = sandbox.policy.decide(&target);
+    record_decision(&mut rec, sandbox, &decision);
+    if !decision.permits() {
+        let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
+        return deny_by_policy(&mut rec, &decision, reason);
+    }
+
+    let (upstream, upstream_addr) = match shared.resolver.dial(&target).await {
+        Ok(ok) => ok,
+        Err(e) => {
+            let reason = e.reason();
+            return reject(&mut rec, reason, &e.to_string());
+        }
+    };
+    rec.upstream_addr = Some(upstream_addr);
+    rec.status = 200;
+
+    let on_upgrade = hyper::upgrade::on(req);
+    let idle = shared.config.proxy.tunnel_idle_timeout;
+    let cancel = shared.hard_stop.clone();
+    shared.tasks.spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let out = tunnel::relay(TokioIo::new(upgraded), upstream, idle, &cancel).await;
+                rec.bytes_up = out.up;
+                rec.bytes_down = out.down;
+            }
+            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
+        }
+        rec.emit();
+    });
+    let mut resp = Response::new(respond::empty());
+    *resp.status_mut() = StatusCode::OK;
+    resp
+}

@@ -1,0 +1,349 @@
+//! Absolute-form HTTP forwarding (`GET http://host/path`): the same decision path as
+//! CONNECT, then the request is re-issued upstream through a pooled client whose
+//! connector dials only vetted addresses. Bodies stream both ways; hop-by-hop headers
+//! and `Proxy-Authorization` are stripped; `Host` comes from the URI. A `101` upgrade
+//! (WebSocket) is relayed as a tunnel.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::{
+    BoxError, ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject,
+    tunnel, upstream,
+};
+use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::addr::{self, Target};
+use crate::policy::DenyReason;
+use crate::reload::State;
+
+pub async fn handle(
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Arc<Shared>,
+    state: Arc<State>,
+) -> Response<ProxyBody> {
+    let method = req.method().clone();
+    let mut rec = AccessRecord::new(
+        Kind::Forward,
+        method.as_str(),
+        raw_target(&req.uri().to_string()),
+        conn.peer,
+        state.generation,
+    );
+
+    match req.uri().scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return reject(
+                &mut rec,
+                DenyReason::BadRequest,
+                "https:// URLs go through CONNECT: configure this gateway as the proxy for https too",
+            );
+        }
+        _ => {
+            return reject(
+                &mut rec,
+                DenyReason::BadRequest,
+                "only http:// URLs can be forwarded",
+            );
+        }
+    }
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .unwrap_or_default();
+    let target = match addr::parse_authority(authority, Some(80)) {
+        Ok(t) => t,
+        Err(e) => {
+            return reject(
+                &mut rec,
+                DenyReason::BadRequest,
+                &format!("invalid URL authority: {e}"),
+            );
+        }
+    };
+    rec.target = target.to_string();
+
+    let sandbox = match identify(&state, &req) {
+        Ok(s) => s,
+        Err(e) => return reject(&mut rec, e.reason(), &e.to_string()),
+    };
+    let decision = sandbox.policy.decide(&target);
+    record_decision(&mut rec, sandbox, &decision);
+    if !decision.permits() {
+        let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
+        return deny_by_policy(&mut rec, &decision, reason);
+    }
+
+    let wants_upgrade = is_upgrade(req.headers());
+    let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let up_req = match upstream_request(req, &target, wants_upgrade) {
+        Ok((r, counter)) => (r, counter),
+        Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
+    };
+    let (up_req, bytes_up) = up_req;
+
+    let timeout = shared.config.proxy.response_header_timeout;
+    let mut resp = match tokio::time::timeout(timeout, shared.client.request(up_req)).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => {
+            let (reason, detail) = match upstream::dial_error(&e) {
+                Some(d) => (d.reason(), d.to_string()),
+                None => (
+                    DenyReason::UpstreamUnreachable,
+                    format!("upstream request failed: {e}"),
+                ),
+            };
+            return reject(&mut rec, reason, &detail);
+        }
+        Err(_) => {
+            return reject(
+                &mut rec,
+                DenyReason::UpstreamTimeout,
+                "no response headers in time",
+            );
+        }
+    };
+    rec.upstream_addr = resp
+        .extensions()
+        .get::<upstream::UpstreamAddr>()
+        .map(|a| a.0);
+    rec.status = resp.status().as_u16();
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let idle = shared.config.proxy.tunnel_idle_timeout;
+        let cancel = shared.hard_stop.clone();
+        shared.tasks.spawn(async move {
+            if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
+                let out = tunnel::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel).await;
+                rec.bytes_up = out.up;
+                rec.bytes_down = out.down;
+            }
+            rec.emit();
+        });
+        let (mut parts, _) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, true);
+        return Response::from_parts(parts, super::respond::empty());
+    }
+
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    let body = LoggedBody {
+        inner: body,
+        bytes: 0,
+        bytes_up,
+        rec: Some(rec),
+    };
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Builds the upstream request: origin URI from the normalised target, hop-by-hop
+/// headers and proxy credentials removed, `Host` set from the URI.
+fn upstream_request(
+    req: Request<Incoming>,
+    target: &Target,
+    upgrade: bool,
+) -> Result<(Request<CountingBody<Incoming>>, Arc<AtomicU64>), &'static str> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri: Uri = format!("http://{target}{path}")
+        .parse()
+        .map_err(|_| "invalid request path")?;
+    parts.uri = uri;
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    let host = if target.port == 80 {
+        target.host.to_string()
+    } else {
+        target.to_string()
+    };
+    let host = HeaderValue::from_str(&host).map_err(|_| "invalid host")?;
+    parts.headers.insert(header::HOST, host);
+    let counter = Arc::new(AtomicU64::new(0));
+    let body = CountingBody {
+        inner: body,
+        count: counter.clone(),
+    };
+    Ok((Request::from_parts(parts, body), counter))
+}
+
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn is_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
+}
+
+fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
+    h.get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Removes hop-by-hop headers, including those named in `Connection`. For an upgrade,
+/// `Upgrade` and `Connection: upgrade` are kept so the upstream sees the handshake.
+fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = connection_tokens(h)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .filter(|n| !(keep_upgrade && n == header::UPGRADE))
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    let upgrade = if keep_upgrade {
+        h.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+    if let Some(u) = upgrade {
+        h.insert(header::UPGRADE, u);
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// A request body that counts the bytes it yields.
+pub struct CountingBody<B> {
+    inner: B,
+    count: Arc<AtomicU64>,
+}
+
+impl<B> Body for CountingBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            self.count.fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body that counts bytes and writes the access record when it is dropped
+/// (finished or abandoned by the client), so the record carries the real totals.
+struct LoggedBody {
+    inner: Incoming,
+    bytes: u64,
+    bytes_up: Arc<AtomicU64>,
+    rec: Option<AccessRecord>,
+}
+
+impl Body for LoggedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.bytes += data.len() as u64;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for LoggedBody {
+    fn drop(&mut self) {
+        if let Some(mut rec) = self.rec.take() {
+            rec.bytes_down = self.bytes;
+            rec.bytes_up = self.bytes_up.load(Ordering::Relaxed);
+            rec.emit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("proxy-authorization", "Basic abc"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("accept", "*/*"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn upgrade_headers_survive_for_websocket() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Upgrade"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+    }
+}

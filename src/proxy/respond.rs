@@ -1,0 +1,112 @@
+//! Local responses: denials (JSON body, `X-Egress-Deny-Reason`) and small helpers.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, PROXY_AUTHENTICATE};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+
+use super::ProxyBody;
+use crate::policy::DenyReason;
+
+pub const DENY_REASON_HEADER: &str = "x-egress-deny-reason";
+pub const REALM: &str = "Basic realm=\"egress-gateway\"";
+
+/// What a denial says about itself; every field is optional but `reason`.
+#[derive(Debug, Default)]
+pub struct Denial<'a> {
+    pub target: Option<&'a str>,
+    pub sandbox: Option<&'a str>,
+    pub policy: Option<&'a str>,
+    pub rule: Option<&'a str>,
+    /// What to do instead, or the specific detail of a bad request.
+    pub hint: Option<String>,
+}
+
+/// The HTTP status for a deny reason on the proxy port.
+pub fn status_for(reason: DenyReason) -> StatusCode {
+    match reason {
+        DenyReason::AuthRequired | DenyReason::AuthInvalid | DenyReason::TokenExpired => {
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED
+        }
+        DenyReason::BadRequest => StatusCode::BAD_REQUEST,
+        DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+        DenyReason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        DenyReason::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
+        _ => StatusCode::FORBIDDEN,
+    }
+}
+
+/// The JSON body of a denial.
+pub fn body_json(reason: DenyReason, d: &Denial<'_>) -> String {
+    serde_json::json!({
+        "error": reason.message(),
+        "reason": reason.code(),
+        "target": d.target,
+        "sandbox": d.sandbox,
+        "policy": d.policy,
+        "rule": d.rule,
+        "hint": d.hint,
+    })
+    .to_string()
+}
+
+pub fn deny(reason: DenyReason, d: &Denial<'_>) -> Response<ProxyBody> {
+    let status = status_for(reason);
+    let mut resp = Response::new(full(body_json(reason, d)));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(DENY_REASON_HEADER, HeaderValue::from_static(reason.code()));
+    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        h.insert(PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
+    }
+    resp
+}
+
+pub fn full(s: impl Into<Bytes>) -> ProxyBody {
+    Full::new(s.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+pub fn empty() -> ProxyBody {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// The bytes written to a connection refused for the global connection limit, before
+/// any of its request is read.
+pub fn over_capacity_bytes() -> Vec<u8> {
+    let body = body_json(
+        DenyReason::LimitExceeded,
+        &Denial {
+            hint: Some("the gateway is at proxy.max_connections; retry later".into()),
+            ..Denial::default()
+        },
+    );
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n{DENY_REASON_HEADER}: limit_exceeded\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_a_status_and_body() {
+        for r in DenyReason::ALL {
+            let resp = deny(r, &Denial::default());
+            assert!(resp.status().is_client_error() || resp.status().is_server_error());
+            assert_eq!(resp.headers()[DENY_REASON_HEADER], r.code());
+            let v: serde_json::Value =
+                serde_json::from_str(&body_json(r, &Denial::default())).unwrap();
+            assert_eq!(v["reason"], r.code());
+        }
+        assert_eq!(
+            deny(DenyReason::AuthRequired, &Denial::default()).headers()[PROXY_AUTHENTICATE],
+            REALM
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! The accept loop on the proxy port: a semaphore caps connections, accept errors back
+//! off, each connection is served by hyper's HTTP/1 server with a header-read timeout
+//! and header limits, and shutdown stops accepting and lets connections finish.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::{ConnInfo, Shared, handle, respond};
+
+/// Accepts until `shutdown` fires. Connections in progress are told to finish their
+/// current request and close; the caller waits for them through `shared.tasks`.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
+    let limit = Arc::new(Semaphore::new(shared.config.proxy.max_connections));
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(ok) => {
+                backoff = Duration::from_millis(5);
+                ok
+            }
+            Err(e) => {
+                // EMFILE and friends: wait instead of spinning.
+                tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "accept failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            tracing::debug!(client_addr = %peer, "connection refused: proxy.max_connections reached");
+            shared.tasks.spawn(refuse(stream));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let shutdown = shutdown.clone();
+        shared.tasks.clone().spawn(async move {
+            serve_connection(stream, ConnInfo { peer }, shared, shutdown).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    conn: ConnInfo,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    let cfg = &shared.config.proxy;
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_header_size(cfg.max_header_bytes)
+        .max_headers(cfg.max_headers)
+        .keep_alive(true);
+    let svc_shared = shared.clone();
+    let svc_conn = conn.clone();
+    let service = service_fn(move |req| {
+        let shared = svc_shared.clone();
+        let conn = svc_conn.clone();
+        async move { Ok::<_, Infallible>(handle(req, &conn, &shared).await) }
+    });
+    let connection = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        r = connection.as_mut() => r,
+        _ = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(client_addr = %conn.peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Answers a connection over the limit with `503 limit_exceeded` and closes it.
+async fn refuse(mut stream: TcpStream) {
+    let bytes = respond::over_capacity_bytes();
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&bytes)).await;
+    let _ = stream.shutdown().await;
+}

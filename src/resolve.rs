@@ -1,0 +1,197 @@
+//! Name -> vetted socket addresses -> a connected upstream socket.
+//!
+//! The gateway resolves every name itself (static `resolver.hosts`, then /etc/hosts,
+//! then the configured or system nameservers), drops each address the egress filter
+//! refuses, and connects only to what is left. A hostname never reaches `connect()`.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use hickory_resolver::TokioResolver;
+use hickory_resolver::config::{
+    ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig as HickoryConfig,
+};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::addr::{Host, Target};
+use crate::config::ResolverConfig;
+use crate::policy::DenyReason;
+use crate::policy::net::{AddressDenied, EgressFilter};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("every address is denied (first: {} in {})", .0.addr, .0.net)]
+    AddressDenied(AddressDenied),
+    #[error("resolution failed: {0}")]
+    ResolveFailed(String),
+    #[error("connection failed: {0}")]
+    Unreachable(io::Error),
+    #[error("connection timed out")]
+    Timeout,
+}
+
+impl DialError {
+    pub fn reason(&self) -> DenyReason {
+        match self {
+            DialError::AddressDenied(_) => DenyReason::AddressDenied,
+            DialError::ResolveFailed(_) => DenyReason::ResolveFailed,
+            DialError::Unreachable(_) => DenyReason::UpstreamUnreachable,
+            DialError::Timeout => DenyReason::UpstreamTimeout,
+        }
+    }
+}
+
+pub struct Resolver {
+    hosts: HashMap<String, Vec<IpAddr>>,
+    dns: TokioResolver,
+    filter: EgressFilter,
+    connect_timeout: Duration,
+}
+
+impl Resolver {
+    pub fn new(
+        cfg: &ResolverConfig,
+        filter: EgressFilter,
+        connect_timeout: Duration,
+    ) -> io::Result<Self> {
+        let provider = TokioRuntimeProvider::default();
+        let mut builder = if cfg.nameservers.is_empty() {
+            TokioResolver::builder(provider.clone()).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot read system resolver configuration; only static hosts resolve");
+                TokioResolver::builder_with_config(HickoryConfig::from_name_servers(Vec::new()), provider)
+            })
+        } else {
+            let servers = cfg
+                .nameservers
+                .iter()
+                .map(|sa| {
+                    let mut udp = ConnectionConfig::udp();
+                    udp.port = sa.port();
+                    let mut tcp = ConnectionConfig::tcp();
+                    tcp.port = sa.port();
+                    NameServerConfig::new(sa.ip(), true, vec![udp, tcp])
+                })
+                .collect();
+            TokioResolver::builder_with_config(HickoryConfig::from_name_servers(servers), provider)
+        };
+        let opts = builder.options_mut();
+        opts.timeout = cfg.timeout;
+        opts.use_hosts_file = if cfg.hosts_file {
+            ResolveHosts::Always
+        } else {
+            ResolveHosts::Never
+        };
+        opts.ndots = 0;
+        let dns = builder.build().map_err(io::Error::other)?;
+        Ok(Resolver {
+            hosts: cfg.hosts.clone(),
+            dns,
+            filter,
+            connect_timeout,
+        })
+    }
+
+    pub fn filter(&self) -> &EgressFilter {
+        &self.filter
+    }
+
+    /// All addresses for `host`, unvetted. IP literals resolve to themselves.
+    pub async fn resolve(&self, host: &Host) -> Result<Vec<IpAddr>, DialError> {
+        let name = match host {
+            Host::Ip(ip) => return Ok(vec![*ip]),
+            Host::Name(n) => n,
+        };
+        if let Some(ips) = self.hosts.get(name) {
+            return Ok(ips.clone());
+        }
+        // Fully qualified, so search domains never apply.
+        let fqdn = format!("{name}.");
+        let lookup = self
+            .dns
+            .lookup_ip(fqdn.as_str())
+            .await
+            .map_err(|e| DialError::ResolveFailed(e.to_string()))?;
+        let ips: Vec<IpAddr> = lookup.iter().collect();
+        if ips.is_empty() {
+            return Err(DialError::ResolveFailed("no addresses".to_string()));
+        }
+        Ok(ips)
+    }
+
+    /// The addresses of `target` that the egress filter lets through, canonicalised.
+    pub async fn vetted(&self, target: &Target) -> Result<Vec<SocketAddr>, DialError> {
+        let ips = self.resolve(&target.host).await?;
+        vet_all(&self.filter, &ips, target.port)
+    }
+
+    /// Resolves, vets and connects to the first vetted address that answers, within
+    /// `proxy.connect_timeout` overall.
+    pub async fn dial(&self, target: &Target) -> Result<(TcpStream, SocketAddr), DialError> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let addrs = tokio::time::timeout_at(deadline, self.vetted(target))
+            .await
+            .map_err(|_| DialError::Timeout)??;
+        let mut last_err = None;
+        for addr in addrs {
+            match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok((stream, addr));
+                }
+                Ok(Err(e)) => last_err = Some(e),
+                Err(_) => return Err(DialError::Timeout),
+            }
+        }
+        Err(DialError::Unreachable(
+            last_err.unwrap_or_else(|| io::Error::other("no address")),
+        ))
+    }
+}
+
+/// Vets every address; an empty result names the first refused one.
+pub fn vet_all(
+    filter: &EgressFilter,
+    ips: &[IpAddr],
+    port: u16,
+) -> Result<Vec<SocketAddr>, DialError> {
+    let mut first_denied = None;
+    let mut ok = Vec::with_capacity(ips.len());
+    for ip in ips {
+        match filter.vet(*ip) {
+            Ok(ip) => ok.push(SocketAddr::new(ip, port)),
+            Err(d) => {
+                first_denied.get_or_insert(d);
+            }
+        }
+    }
+    match (ok.is_empty(), first_denied) {
+        (true, Some(d)) => Err(DialError::AddressDenied(d)),
+        (true, None) => Err(DialError::ResolveFailed("no addresses".to_string())),
+        (false, _) => Ok(ok),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vet_all_keeps_only_public_addresses() {
+        let f = EgressFilter::builtin();
+        let ips: Vec<IpAddr> = ["10.0.0.1", "93.184.215.14", "::ffff:169.254.169.254"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(
+            vet_all(&f, &ips, 443).unwrap(),
+            vec!["93.184.215.14:443".parse().unwrap()]
+        );
+        let e = vet_all(&f, &ips[..1], 443).unwrap_err();
+        assert_eq!(e.reason(), DenyReason::AddressDenied);
+        assert!(e.to_string().contains("10.0.0.1 in 10.0.0.0/8"), "{e}");
+    }
+}
