@@ -50,6 +50,7 @@ pub struct Resolver {
     dns: TokioResolver,
     filter: EgressFilter,
     connect_timeout: Duration,
+    resolve_timeout: Duration,
 }
 
 impl Resolver {
@@ -79,7 +80,9 @@ impl Resolver {
             TokioResolver::builder_with_config(HickoryConfig::from_name_servers(servers), provider)
         };
         let opts = builder.options_mut();
-        opts.timeout = cfg.timeout;
+        // Two tries inside the overall `resolver.timeout` that `resolve` enforces.
+        opts.timeout = cfg.timeout / 2;
+        opts.attempts = 2;
         opts.use_hosts_file = if cfg.hosts_file {
             ResolveHosts::Always
         } else {
@@ -92,6 +95,7 @@ impl Resolver {
             dns,
             filter,
             connect_timeout,
+            resolve_timeout: cfg.timeout,
         })
     }
 
@@ -110,10 +114,9 @@ impl Resolver {
         }
         // Fully qualified, so search domains never apply.
         let fqdn = format!("{name}.");
-        let lookup = self
-            .dns
-            .lookup_ip(fqdn.as_str())
+        let lookup = tokio::time::timeout(self.resolve_timeout, self.dns.lookup_ip(fqdn.as_str()))
             .await
+            .map_err(|_| DialError::ResolveFailed("resolution timed out".to_string()))?
             .map_err(|e| DialError::ResolveFailed(e.to_string()))?;
         let ips: Vec<IpAddr> = lookup.iter().collect();
         if ips.is_empty() {
@@ -128,13 +131,11 @@ impl Resolver {
         vet_all(&self.filter, &ips, target.port)
     }
 
-    /// Resolves, vets and connects to the first vetted address that answers, within
-    /// `proxy.connect_timeout` overall.
+    /// Resolves (within `resolver.timeout`), vets, and connects to the first vetted
+    /// address that answers, within `proxy.connect_timeout` for all attempts.
     pub async fn dial(&self, target: &Target) -> Result<(TcpStream, SocketAddr), DialError> {
+        let addrs = self.vetted(target).await?;
         let deadline = Instant::now() + self.connect_timeout;
-        let addrs = tokio::time::timeout_at(deadline, self.vetted(target))
-            .await
-            .map_err(|_| DialError::Timeout)??;
         let mut last_err = None;
         for addr in addrs {
             match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {

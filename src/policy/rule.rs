@@ -129,14 +129,26 @@ fn parse_net(s: &str) -> Result<IpNet, RuleError> {
         if net.trunc() != net {
             return Err(RuleError::Net(s.to_string()));
         }
-        return Ok(net);
+        return Ok(canonical_net(net));
     }
     match s.parse::<IpAddr>() {
         Ok(IpAddr::V4(_)) => addr::parse_dotted_quad(s)
             .map(|a| IpNet::from(IpAddr::V4(a)))
             .map_err(|_| RuleError::Net(s.to_string())),
-        Ok(ip) => Ok(IpNet::from(ip)),
+        Ok(ip) => Ok(canonical_net(IpNet::from(ip))),
         Err(_) => Err(RuleError::Net(s.to_string())),
+    }
+}
+
+/// An IPv4-mapped IPv6 network (`::ffff:a.b.c.d/120`) becomes the IPv4 network it
+/// covers, because targets are canonicalised the same way before matching.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net,
+        },
+        _ => net,
     }
 }
 
@@ -177,6 +189,8 @@ mod tests {
             HostPattern::Net("2001:db8::/32".parse().unwrap())
         );
         assert_eq!(parse_rule("2001:db8::1").unwrap().ports, PortSpec::Default);
+        let r = parse_rule("[::ffff:192.0.2.0/120]:*").unwrap();
+        assert_eq!(r.pattern, HostPattern::Net("192.0.2.0/24".parse().unwrap()));
     }
 
     #[test]

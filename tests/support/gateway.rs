@@ -1,0 +1,158 @@
+//! `TestGateway`: the real binary, started on an ephemeral port, its log captured.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::Value;
+
+pub struct TestGateway {
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    child: Child,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+/// `Basic base64(user:pass)`.
+pub fn basic(user: &str, pass: &str) -> String {
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+    )
+}
+
+impl TestGateway {
+    /// Starts the gateway with `config` (sections other than `[log]` and `[policy]`) and
+    /// one policy file.
+    pub fn start(config: &str, policy: &str) -> TestGateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
+        std::fs::write(dir.path().join("policy/test.toml"), policy).expect("write policy");
+        let cfg = format!(
+            "[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{config}"
+        );
+        std::fs::write(dir.path().join("gateway.toml"), cfg).expect("write config");
+        Self::spawn(dir)
+    }
+
+    fn spawn(dir: tempfile::TempDir) -> TestGateway {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(dir.path().join("gateway.toml"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gateway");
+        let stderr = child.stderr.take().expect("stderr");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("log lock").push(line);
+            }
+        });
+        let mut gw = TestGateway {
+            addr: "0.0.0.0:0".parse().expect("addr"),
+            dir,
+            child,
+            logs,
+        };
+        let line = gw.wait_for_log(Duration::from_secs(20), |v| v["msg"] == "listening");
+        gw.addr = line["proxy"]
+            .as_str()
+            .expect("proxy addr")
+            .parse()
+            .expect("parse addr");
+        gw
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("gateway.toml")
+    }
+
+    /// `http://ID:TOKEN@127.0.0.1:PORT` for curl's `-x`.
+    pub fn proxy_url(&self, id: &str, token: &str) -> String {
+        format!("http://{id}:{token}@{}", self.addr)
+    }
+
+    /// Every log line so far, raw.
+    pub fn log_text(&self) -> String {
+        self.logs.lock().expect("log lock").join("\n")
+    }
+
+    /// Every log line so far that is JSON.
+    pub fn log_json(&self) -> Vec<Value> {
+        self.logs
+            .lock()
+            .expect("log lock")
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    pub fn access_logs(&self) -> Vec<Value> {
+        self.log_json()
+            .into_iter()
+            .filter(|v| v["log"] == "access")
+            .collect()
+    }
+
+    /// Waits for a JSON log line matching `pred` and returns it; panics with the log on
+    /// timeout.
+    pub fn wait_for_log(&self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = self.log_json().into_iter().find(|v| pred(v)) {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "log line not found in time; log so far:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The access record for `target` (normalised form, e.g. `origin.test:8080`).
+    pub fn access_for(&self, target: &str) -> Value {
+        self.wait_for_log(Duration::from_secs(10), |v| {
+            v["log"] == "access" && v["target"] == target
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// Waits for the process to exit (after a signal) and returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,279 @@
+//! `TestOrigin`: a real HTTP/1.1 server on 127.0.0.1:0 (optionally behind TLS) that
+//! records every request it receives. Routes:
+//! `/echo` (JSON of what arrived), `/bytes/N`, `/upload` (counts the body), `/ws`
+//! (101 upgrade, then echoes bytes), `/sleep/MS`, `/git/...` (`git http-backend` CGI).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::tls::TestCa;
+
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub uri: String,
+    pub headers: Vec<(String, String)>,
+}
+
+pub struct TestOrigin {
+    pub addr: SocketAddr,
+    pub requests: Arc<Mutex<Vec<Recorded>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Clone, Default)]
+struct Ctx {
+    requests: Arc<Mutex<Vec<Recorded>>>,
+    git_root: Option<PathBuf>,
+}
+
+impl TestOrigin {
+    pub fn http() -> TestOrigin {
+        Self::start(None, None)
+    }
+
+    pub fn https(ca: &TestCa) -> TestOrigin {
+        Self::start(Some(ca.server_config.clone()), None)
+    }
+
+    /// Serves the bare repositories under `root` at `/git/NAME.git` via `git http-backend`.
+    pub fn git(root: PathBuf) -> TestOrigin {
+        Self::start(None, Some(root))
+    }
+
+    fn start(tls: Option<Arc<rustls::ServerConfig>>, git_root: Option<PathBuf>) -> TestOrigin {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind origin");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let ctx = Ctx {
+            requests: Arc::default(),
+            git_root,
+        };
+        let requests = ctx.requests.clone();
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+                loop {
+                    let (stream, _) = tokio::select! {
+                        _ = &mut stop_rx => break,
+                        a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+                    };
+                    let ctx = ctx.clone();
+                    let acceptor = acceptor.clone();
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req| {
+                            let ctx = ctx.clone();
+                            async move { Ok::<_, Infallible>(route(req, ctx).await) }
+                        });
+                        match acceptor {
+                            Some(acc) => {
+                                if let Ok(tls) = acc.accept(stream).await {
+                                    let _ = http1::Builder::new()
+                                        .serve_connection(TokioIo::new(tls), svc)
+                                        .with_upgrades()
+                                        .await;
+                                }
+                            }
+                            None => {
+                                let _ = http1::Builder::new()
+                                    .serve_connection(TokioIo::new(stream), svc)
+                                    .with_upgrades()
+                                    .await;
+                            }
+                        }
+                    });
+                }
+            });
+        });
+        TestOrigin {
+            addr,
+            requests,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn recorded(&self) -> Vec<Recorded> {
+        self.requests.lock().expect("lock").clone()
+    }
+}
+
+impl Drop for TestOrigin {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type Body = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never| match never {}).boxed()
+}
+
+async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    ctx.requests.lock().expect("lock").push(Recorded {
+        method: req.method().to_string(),
+        uri: req.uri().to_string(),
+        headers: headers.clone(),
+    });
+    let path = req.uri().path().to_string();
+    if path == "/ws" {
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on_upgrade.await {
+                let mut io = TokioIo::new(up);
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        return Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("upgrade", "websocket")
+            .header("connection", "Upgrade")
+            .body(full(""))
+            .expect("response");
+    }
+    if let Some(rest) = path.strip_prefix("/git/")
+        && let Some(root) = ctx.git_root.clone()
+    {
+        return cgi_git(req, rest.to_string(), root).await;
+    }
+    if let Some(n) = path.strip_prefix("/bytes/") {
+        let n: usize = n.parse().unwrap_or(0);
+        return Response::new(full(vec![b'x'; n]));
+    }
+    if let Some(ms) = path.strip_prefix("/sleep/") {
+        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+        return Response::new(full("slept"));
+    }
+    let method = req.method().to_string();
+    let uri = req.uri().to_string();
+    let body_len = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes().len(),
+        Err(_) => 0,
+    };
+    let out = json!({ "method": method, "uri": uri, "headers": headers, "body_len": body_len });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(full(out.to_string()))
+        .expect("response")
+}
+
+/// Runs `git http-backend` as a CGI program for one request.
+async fn cgi_git(req: Request<Incoming>, path_info: String, root: PathBuf) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("http-backend")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("GIT_PROJECT_ROOT", &root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("PATH_INFO", format!("/{path_info}"))
+        .env("REQUEST_METHOD", parts.method.as_str())
+        .env("QUERY_STRING", parts.uri.query().unwrap_or(""))
+        .env("CONTENT_TYPE", header("content-type"))
+        .env("CONTENT_LENGTH", body.len().to_string())
+        .env("HTTP_CONTENT_ENCODING", header("content-encoding"))
+        .env("GIT_PROTOCOL", header("git-protocol"))
+        .env("REMOTE_USER", "test")
+        .env("REMOTE_ADDR", "127.0.0.1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn git http-backend");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = tokio::spawn(async move {
+        let _ = stdin.write_all(&body).await;
+    });
+    let out = child.wait_with_output().await.expect("http-backend output");
+    let _ = writer.await;
+    let raw = out.stdout;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    let split = split.or_else(|| raw.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
+    let Some((end, sep)) = split else {
+        return Response::builder()
+            .status(500)
+            .body(full("bad cgi output"))
+            .expect("response");
+    };
+    let mut resp = Response::builder();
+    let mut status = 200;
+    for line in String::from_utf8_lossy(&raw[..end]).lines() {
+        if let Some((k, v)) = line.split_once(':') {
+            let v = v.trim();
+            if k.eq_ignore_ascii_case("status") {
+                status = v
+                    .split_whitespace()
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(500);
+            } else {
+                resp = resp.header(k.trim(), v);
+            }
+        }
+    }
+    resp.status(status)
+        .body(full(raw[end + sep..].to_vec()))
+        .expect("response")
+}

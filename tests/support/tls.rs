@@ -1,0 +1,52 @@
+//! A test CA and a server certificate for the TLS origin.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+pub struct TestCa {
+    pub ca_pem_path: PathBuf,
+    pub server_config: Arc<rustls::ServerConfig>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestCa {
+    /// A CA and a server certificate for `names`; the CA PEM is written to a file for
+    /// curl's `--cacert`.
+    pub fn new(names: &[&str]) -> TestCa {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "egress-gateway test CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key"))
+            .expect("ca");
+        let key = KeyPair::generate().expect("key");
+        let params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        let cert = params.signed_by(&key, &ca).expect("sign");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca_pem_path = dir.path().join("ca.pem");
+        std::fs::write(&ca_pem_path, ca.pem()).expect("write ca");
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server_config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .expect("server config");
+        TestCa {
+            ca_pem_path,
+            server_config: Arc::new(server_config),
+            _dir: dir,
+        }
+    }
+}
