@@ -1,4 +1,10 @@
 //! CONNECT through the real gateway with real curl to a local TLS origin (test CA).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "tests fail loudly"
+)]
 
 mod support;
 

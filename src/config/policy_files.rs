@@ -32,7 +32,19 @@ impl Source {
 /// Loads and compiles the policies named by `config`.
 pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
     let sources = match &config.policy.source {
-        PolicySource::Dir(dir) => read_dir(dir)?,
+        PolicySource::Dir(dir) => {
+            if !dir.is_dir() {
+                return Err(ConfigError::invalid(
+                    &config.file,
+                    "policy.dir",
+                    format!(
+                        "expected a directory of policy files, {} is not one",
+                        dir.display()
+                    ),
+                ));
+            }
+            read_dir(dir)?
+        }
         PolicySource::Inline { label, text } => {
             vec![Source {
                 file: DisplayPath(label.clone()),

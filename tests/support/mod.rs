@@ -1,6 +1,16 @@
 //! Test fixtures: the real gateway binary on 127.0.0.1:0, real origins (HTTP, TLS with
 //! a test CA, `git http-backend` over CGI) on loopback, and raw-socket helpers.
-#![allow(dead_code)] // Each test binary uses a different subset.
+#![allow(
+    dead_code,
+    unused_imports,
+    reason = "each test binary uses a different subset"
+)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test fixtures fail loudly"
+)]
 
 pub mod gateway;
 pub mod origin;

@@ -1,0 +1,149 @@
+//! Every shipped config and policy file loads, and the config CLI reports errors with
+//! the file, the key and what was expected.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "tests fail loudly"
+)]
+
+use std::path::Path;
+use std::process::Command;
+
+use egress_gateway::config;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+}
+
+#[test]
+fn every_shipped_config_and_policy_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let cfg = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            if path.ends_with("demo.toml") {
+                // The demo's policy is generated at start-up, with its token.
+                let (demo, _token) = egress_gateway::demo::config().unwrap();
+                config::load_policies(&demo).unwrap_or_else(|e| panic!("{e}"));
+            } else {
+                config::load_policies(&cfg).unwrap_or_else(|e| panic!("{e}"));
+            }
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "expected config/gateway.toml and config/demo.toml");
+    let cfg = config::load(&dir.join("gateway.toml")).unwrap();
+    let set = config::load_policies(&cfg).unwrap();
+    assert!(set.sandbox("sbx-example").is_some());
+    assert_eq!(cfg.proxy.listen.to_string(), "0.0.0.0:4002");
+}
+
+#[test]
+fn config_validate_cli() {
+    let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gateway.toml");
+    let out = bin()
+        .args(["config", "validate", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("valid"));
+
+    let out = bin().args(["config", "validate"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "the built-in demo is valid");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[proxy]\nlisen = \"0.0.0.0:1\"\n", "unknown field `lisen`"),
+        (
+            "[proxy]\nlisten = \"nope\"\n",
+            "proxy.listen: expected IP:PORT",
+        ),
+        (
+            "[proxy]\nheader_read_timeout = \"ten\"\n",
+            "header_read_timeout",
+        ),
+        (
+            "[egress]\ndeny = [\"10.0.0.0/33\"]\n",
+            "egress.deny[0]: expected",
+        ),
+        ("[log]\nformat = \"xml\"\n", "log.format: expected"),
+        (
+            "[policy]\ndir = \"missing\"\n",
+            "policy.dir: expected a directory",
+        ),
+    ];
+    for (text, expect) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = bin()
+            .args(["config", "validate", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {err}");
+        assert!(
+            err.contains("bad.toml") && err.contains(expect),
+            "{text}: {err}"
+        );
+    }
+
+    std::fs::create_dir(dir.path().join("policy")).unwrap();
+    std::fs::write(
+        dir.path().join("policy/p.toml"),
+        "[policies.x]\nallow = [\"ok.example\", \"*.*.bad\"]\n",
+    )
+    .unwrap();
+    let path = dir.path().join("gw.toml");
+    std::fs::write(&path, "[policy]\ndir = \"policy\"\n").unwrap();
+    let out = bin()
+        .args(["config", "validate", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        err.contains("p.toml: policies.x.allow[1] (line 2)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn token_cli_hashes_and_generates() {
+    use std::io::Write;
+    let mut child = bin()
+        .args(["token", "hash"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"test\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    );
+
+    let out = bin().args(["token", "generate"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let token = text
+        .lines()
+        .find_map(|l| l.strip_prefix("token        = "))
+        .unwrap();
+    let hash = text
+        .lines()
+        .find_map(|l| l.strip_prefix("token_sha256 = "))
+        .unwrap();
+    assert_eq!(hash, hex::encode(egress_gateway::auth::token_sha256(token)));
+    assert!(token.len() >= 40);
+}
