@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Config, ConfigError};
+use crate::dns::DnsServer;
 use crate::proxy::{self, Shared, upstream::VettingConnector};
 use crate::reload::Store;
 use crate::resolve::Resolver;
@@ -25,11 +26,17 @@ pub enum GatewayError {
     },
     #[error("cannot start resolver: {0}")]
     Resolver(std::io::Error),
+    #[error("cannot bind DNS listener {addr}: {source}")]
+    DnsBind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 pub struct Gateway {
     shared: Arc<Shared>,
     proxy: TcpListener,
+    dns: Option<DnsServer>,
 }
 
 impl Gateway {
@@ -53,6 +60,18 @@ impl Gateway {
         let proxy = TcpListener::bind(addr)
             .await
             .map_err(|source| GatewayError::Bind { addr, source })?;
+        let dns = match &config.dns {
+            Some(d) => Some(
+                DnsServer::bind(d)
+                    .await
+                    .map_err(|source| GatewayError::DnsBind {
+                        addr: d.listen,
+                        source,
+                    })?,
+            ),
+            None => None,
+        };
+        crate::metrics::describe();
         let shared = Arc::new(Shared {
             store: Store::new(policies),
             config,
@@ -61,11 +80,15 @@ impl Gateway {
             tasks: TaskTracker::new(),
             hard_stop: CancellationToken::new(),
         });
-        Ok(Gateway { shared, proxy })
+        Ok(Gateway { shared, proxy, dns })
     }
 
     pub fn proxy_addr(&self) -> std::io::Result<SocketAddr> {
         self.proxy.local_addr()
+    }
+
+    pub fn dns_addr(&self) -> Option<SocketAddr> {
+        self.dns.as_ref().and_then(|d| d.local_addr().ok())
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -75,18 +98,24 @@ impl Gateway {
     /// Serves until `shutdown` fires, then stops accepting, gives in-flight requests and
     /// tunnels up to `proxy.shutdown_timeout`, and returns.
     pub async fn run(self, shutdown: CancellationToken) {
-        let Gateway { shared, proxy } = self;
+        let dns_addr = self.dns_addr().map(|a| a.to_string());
+        let Gateway { shared, proxy, dns } = self;
         let st = shared.store.snapshot();
         tracing::info!(
             proxy = %proxy.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             policies = st.policies.policies.len(),
             sandboxes = st.policies.sandboxes.len(),
+            dns = dns_addr,
             "listening"
         );
         drop(st);
         let reloader = tokio::spawn(reload_on_sighup(shared.clone(), shutdown.clone()));
+        let dns_task = dns.map(|d| tokio::spawn(d.run(shutdown.clone())));
         proxy::server::serve(proxy, shared.clone(), shutdown.clone()).await;
         reloader.abort();
+        if let Some(t) = dns_task {
+            let _ = t.await;
+        }
 
         let timeout = shared.config.proxy.shutdown_timeout;
         tracing::info!(

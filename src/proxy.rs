@@ -75,6 +75,9 @@ pub async fn handle(
     }
 }
 
+/// What a sandbox is told when its proxy credentials are missing or wrong.
+pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL";
+
 /// Authenticates from `Proxy-Authorization`.
 fn identify<'s>(state: &'s State, req: &Request<Incoming>) -> Result<&'s Sandbox, auth::AuthError> {
     let value = req
@@ -152,9 +155,7 @@ fn hint_for(
             "to allow it, add \"{target}\" to policies.{policy}.allow"
         )),
         DenyReason::HostDenied => location.map(|l| format!("denied by the rule at {l}")),
-        DenyReason::AuthRequired | DenyReason::AuthInvalid => {
-            Some("use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL".to_string())
-        }
+        DenyReason::AuthRequired | DenyReason::AuthInvalid => Some(AUTH_HINT.to_string()),
         _ => None,
     }
 }

@@ -17,6 +17,8 @@ pub struct RawConfig {
     pub resolver: RawResolver,
     pub egress: RawEgress,
     pub policy: RawPolicySection,
+    /// Absent: no DNS server.
+    pub dns: Option<RawDns>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -126,6 +128,45 @@ impl Default for RawPolicySection {
         RawPolicySection {
             dir: "policy".to_string(),
             mode: Mode::Enforce,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDns {
+    pub listen: String,
+    pub hostnames: Vec<String>,
+    pub addresses: Vec<String>,
+    pub blocked: String,
+    pub ttl: u32,
+    pub negative_ttl: u32,
+    pub rate_limit_qps: u32,
+    pub rate_limit_burst: u32,
+    pub rate_limit_action: String,
+    pub tcp_max_connections: usize,
+    #[serde(with = "humantime_serde")]
+    pub tcp_idle_timeout: Duration,
+    pub udp_sockets: usize,
+    pub log_blocked_per_second: u32,
+}
+
+impl Default for RawDns {
+    fn default() -> Self {
+        RawDns {
+            listen: "0.0.0.0:53".to_string(),
+            hostnames: Vec::new(),
+            addresses: Vec::new(),
+            blocked: "nxdomain".to_string(),
+            ttl: 60,
+            negative_ttl: 60,
+            rate_limit_qps: 200,
+            rate_limit_burst: 400,
+            rate_limit_action: "drop".to_string(),
+            tcp_max_connections: 512,
+            tcp_idle_timeout: Duration::from_secs(10),
+            udp_sockets: 0,
+            log_blocked_per_second: 10,
         }
     }
 }

@@ -22,6 +22,7 @@ pub struct Config {
     pub resolver: ResolverConfig,
     pub egress: EgressConfig,
     pub policy: PolicyConfig,
+    pub dns: Option<DnsConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +60,41 @@ pub struct ResolverConfig {
     pub hosts: HashMap<String, Vec<IpAddr>>,
     pub hosts_file: bool,
     pub timeout: Duration,
+}
+
+/// What the DNS firewall answers for names that are not the gateway's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockMode {
+    NxDomain,
+    NoData,
+    Refused,
+}
+
+/// Over the per-source rate: drop the query silently, or answer REFUSED.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimitAction {
+    Drop,
+    Refused,
+}
+
+#[derive(Debug, Clone)]
+pub struct DnsConfig {
+    pub listen: SocketAddr,
+    /// Normalised (lowercase A-label, no trailing dot).
+    pub hostnames: Vec<String>,
+    pub addresses: Vec<IpAddr>,
+    pub blocked: BlockMode,
+    pub ttl: u32,
+    pub negative_ttl: u32,
+    /// 0 disables rate limiting.
+    pub rate_limit_qps: u32,
+    pub rate_limit_burst: u32,
+    pub rate_limit_action: RateLimitAction,
+    pub tcp_max_connections: usize,
+    pub tcp_idle_timeout: Duration,
+    /// 0: one per core.
+    pub udp_sockets: usize,
+    pub log_blocked_per_second: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -229,6 +265,8 @@ pub fn validate(
         mode: raw.policy.mode,
     };
 
+    let dns = raw.dns.map(|d| validate_dns(d, file)).transpose()?;
+
     Ok(Config {
         file: file.clone(),
         proxy,
@@ -236,6 +274,7 @@ pub fn validate(
         resolver,
         egress,
         policy,
+        dns,
     })
 }
 
@@ -254,4 +293,85 @@ fn parse_net(s: &str) -> Result<IpNet, String> {
     s.parse::<IpNet>()
         .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
         .map_err(|_| format!("expected \"builtin\", an IP address or a CIDR, got {s:?}"))
+}
+
+fn validate_dns(d: super::raw::RawDns, file: &DisplayPath) -> Result<DnsConfig, ConfigError> {
+    let err = |key: &str, msg: String| ConfigError::invalid(file, key, msg);
+    let listen = d.listen.parse().map_err(|_| {
+        err(
+            "dns.listen",
+            format!("expected IP:PORT, got {:?}", d.listen),
+        )
+    })?;
+    if d.hostnames.is_empty() {
+        return Err(err(
+            "dns.hostnames",
+            "expected at least one hostname (the gateway's own name)".into(),
+        ));
+    }
+    let mut hostnames = Vec::with_capacity(d.hostnames.len());
+    for (i, h) in d.hostnames.iter().enumerate() {
+        let n = addr::normalize_hostname(h).map_err(|e| {
+            err(
+                &format!("dns.hostnames[{i}]"),
+                format!("expected a hostname, got {h:?}: {e}"),
+            )
+        })?;
+        hostnames.push(n);
+    }
+    let mut addresses = Vec::with_capacity(d.addresses.len());
+    for (i, a) in d.addresses.iter().enumerate() {
+        addresses.push(a.parse::<IpAddr>().map_err(|_| {
+            err(
+                &format!("dns.addresses[{i}]"),
+                format!("expected an IP address, got {a:?}"),
+            )
+        })?);
+    }
+    let blocked = match d.blocked.as_str() {
+        "nxdomain" => BlockMode::NxDomain,
+        "nodata" => BlockMode::NoData,
+        "refused" => BlockMode::Refused,
+        other => {
+            return Err(err(
+                "dns.blocked",
+                format!("expected \"nxdomain\", \"nodata\" or \"refused\", got {other:?}"),
+            ));
+        }
+    };
+    let rate_limit_action = match d.rate_limit_action.as_str() {
+        "drop" => RateLimitAction::Drop,
+        "refused" => RateLimitAction::Refused,
+        other => {
+            return Err(err(
+                "dns.rate_limit_action",
+                format!("expected \"drop\" or \"refused\", got {other:?}"),
+            ));
+        }
+    };
+    if d.rate_limit_qps > 0 && d.rate_limit_burst == 0 {
+        return Err(err(
+            "dns.rate_limit_burst",
+            "expected at least 1 when dns.rate_limit_qps is set".into(),
+        ));
+    }
+    if d.tcp_max_connections == 0 {
+        return Err(err("dns.tcp_max_connections", "expected at least 1".into()));
+    }
+    positive(file, "dns.tcp_idle_timeout", d.tcp_idle_timeout)?;
+    Ok(DnsConfig {
+        listen,
+        hostnames,
+        addresses,
+        blocked,
+        ttl: d.ttl,
+        negative_ttl: d.negative_ttl,
+        rate_limit_qps: d.rate_limit_qps,
+        rate_limit_burst: d.rate_limit_burst,
+        rate_limit_action,
+        tcp_max_connections: d.tcp_max_connections,
+        tcp_idle_timeout: d.tcp_idle_timeout,
+        udp_sockets: d.udp_sockets,
+        log_blocked_per_second: d.log_blocked_per_second,
+    })
 }

@@ -61,7 +61,7 @@ pub async fn handle(
 
     let sandbox = match identify(&state, &req) {
         Ok(s) => s,
-        Err(e) => return reject(&mut rec, e.reason(), &e.to_string()),
+        Err(e) => return reject(&mut rec, e.reason(), super::AUTH_HINT),
     };
     let decision = sandbox.policy.decide(&target);
     record_decision(&mut rec, sandbox, &decision);

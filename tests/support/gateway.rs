@@ -156,3 +156,15 @@ impl Drop for TestGateway {
         let _ = self.child.wait();
     }
 }
+
+impl TestGateway {
+    /// The DNS listener's address, from the `listening` log line.
+    pub fn dns_addr(&self) -> SocketAddr {
+        let line = self.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "listening");
+        line["dns"]
+            .as_str()
+            .expect("dns configured")
+            .parse()
+            .expect("dns addr")
+    }
+}

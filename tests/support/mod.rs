@@ -12,6 +12,7 @@
     reason = "test fixtures fail loudly"
 )]
 
+pub mod dns;
 pub mod gateway;
 pub mod origin;
 pub mod raw;

@@ -1,0 +1,365 @@
+//! The DNS firewall, driven over real UDP and TCP on loopback with hickory-proto
+//! messages and hickory's resolver.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hickory_proto::op::{Edns, Message, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::opt::EdnsOption;
+use hickory_proto::rr::{DNSClass, RData, RecordType};
+use support::TestGateway;
+use support::dns::{query, tcp, tcp_raw, udp, udp_raw, udp_socket};
+
+fn gateway(extra_dns: &str) -> (TestGateway, SocketAddr) {
+    let config = format!(
+        "[resolver]\nnameservers = [\"127.0.0.1:9\"]\nhosts_file = false\n\n[dns]\nlisten = \"127.0.0.1:0\"\nhostnames = [\"gateway.sandbox.internal\"]\naddresses = [\"127.0.0.1\", \"::1\"]\nttl = 30\nnegative_ttl = 45\n{extra_dns}"
+    );
+    let gw = TestGateway::start(&config, "");
+    let addr = gw.dns_addr();
+    (gw, addr)
+}
+
+fn ips(m: &Message) -> Vec<String> {
+    m.answers
+        .iter()
+        .map(|r| match &r.data {
+            RData::A(a) => a.0.to_string(),
+            RData::AAAA(a) => a.0.to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+fn soa_minimum(m: &Message) -> Option<u32> {
+    m.authorities.iter().find_map(|r| match &r.data {
+        RData::SOA(soa) => Some(soa.minimum),
+        _ => None,
+    })
+}
+
+#[test]
+fn gateway_name_answers_over_udp_and_tcp() {
+    let (_gw, dns) = gateway("");
+    for send in [udp as fn(SocketAddr, &Message) -> Message, tcp] {
+        let r = send(
+            dns,
+            &query("gateway.sandbox.internal.", RecordType::A, None),
+        );
+        assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+        assert!(r.metadata.authoritative);
+        assert_eq!(ips(&r), vec!["127.0.0.1"]);
+        assert_eq!(r.answers[0].ttl, 30);
+        let r = send(
+            dns,
+            &query("gateway.sandbox.internal.", RecordType::AAAA, None),
+        );
+        assert_eq!(ips(&r), vec!["::1"]);
+    }
+}
+
+#[test]
+fn real_resolver_resolves_only_the_gateway() {
+    use hickory_resolver::TokioResolver;
+    use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+    use hickory_resolver::net::runtime::TokioRuntimeProvider;
+    let (_gw, dns) = gateway("");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut udp = ConnectionConfig::udp();
+        udp.port = dns.port();
+        let ns = NameServerConfig::new(dns.ip(), true, vec![udp]);
+        let resolver = TokioResolver::builder_with_config(
+            ResolverConfig::from_name_servers(vec![ns]),
+            TokioRuntimeProvider::default(),
+        )
+        .build()
+        .unwrap();
+        let ok = resolver
+            .lookup_ip("gateway.sandbox.internal.")
+            .await
+            .unwrap();
+        let mut got: Vec<String> = ok.iter().map(|ip| ip.to_string()).collect();
+        got.sort();
+        assert_eq!(got, vec!["127.0.0.1", "::1"]);
+        assert!(resolver.lookup_ip("pypi.org.").await.is_err());
+    });
+}
+
+#[test]
+fn other_types_ancestors_and_blocked_names() {
+    let (gw, dns) = gateway("");
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::MX, None),
+    );
+    assert_eq!(
+        (r.metadata.response_code, r.answers.len()),
+        (ResponseCode::NoError, 0)
+    );
+    assert_eq!(soa_minimum(&r), Some(45), "NODATA carries an SOA");
+
+    for ancestor in ["sandbox.internal.", "internal."] {
+        let r = udp(dns, &query(ancestor, RecordType::A, None));
+        assert_eq!(
+            r.metadata.response_code,
+            ResponseCode::NoError,
+            "{ancestor}: never NXDOMAIN (RFC 8020)"
+        );
+        assert!(r.answers.is_empty());
+    }
+
+    for blocked in [
+        "pypi.org.",
+        "x.gateway.sandbox.internal.",
+        "evil.sandbox.internal.",
+        "exfil-0123abcd.attacker.example.",
+    ] {
+        let r = udp(dns, &query(blocked, RecordType::A, None));
+        assert_eq!(
+            r.metadata.response_code,
+            ResponseCode::NXDomain,
+            "{blocked}"
+        );
+        assert_eq!(
+            soa_minimum(&r),
+            Some(45),
+            "negative TTL from the SOA minimum"
+        );
+    }
+    let line = gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "dns query blocked");
+    assert!(
+        line["client_addr"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{line}"
+    );
+}
+
+#[test]
+fn block_modes() {
+    let (_gw, dns) = gateway("blocked = \"nodata\"\n");
+    let r = udp(dns, &query("pypi.org.", RecordType::A, None));
+    assert_eq!(
+        (r.metadata.response_code, r.answers.len()),
+        (ResponseCode::NoError, 0)
+    );
+    assert!(soa_minimum(&r).is_some());
+    let (_gw, dns) = gateway("blocked = \"refused\"\n");
+    let r = udp(dns, &query("pypi.org.", RecordType::A, None));
+    assert_eq!(r.metadata.response_code, ResponseCode::Refused);
+}
+
+#[test]
+fn case_is_echoed_and_matched_insensitively() {
+    let (_gw, dns) = gateway("");
+    let r = udp(
+        dns,
+        &query("GaTeWaY.SaNdBoX.InTeRnAl.", RecordType::A, None),
+    );
+    assert_eq!(ips(&r), vec!["127.0.0.1"]);
+    assert_eq!(r.queries[0].name().to_string(), "GaTeWaY.SaNdBoX.InTeRnAl.");
+    assert_eq!(r.answers[0].name.to_string(), "GaTeWaY.SaNdBoX.InTeRnAl.");
+}
+
+#[test]
+fn refused_notimp_and_any() {
+    let (_gw, dns) = gateway("");
+    let mut q = query("gateway.sandbox.internal.", RecordType::A, None);
+    q.queries[0].set_query_class(DNSClass::CH);
+    assert_eq!(udp(dns, &q).metadata.response_code, ResponseCode::Refused);
+    let r = tcp(dns, &query("sandbox.internal.", RecordType::AXFR, None));
+    assert_eq!(r.metadata.response_code, ResponseCode::Refused);
+    let mut q = query("gateway.sandbox.internal.", RecordType::A, None);
+    q.metadata.op_code = OpCode::Status;
+    assert_eq!(udp(dns, &q).metadata.response_code, ResponseCode::NotImp);
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::ANY, None),
+    );
+    assert_eq!(ips(&r), vec!["127.0.0.1"], "minimal ANY answer (RFC 8482)");
+}
+
+#[test]
+fn edns_handling() {
+    let (_gw, dns) = gateway("");
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::A, None),
+    );
+    assert!(r.edns.is_none(), "no OPT without one in the query");
+
+    let mut e = Edns::new();
+    e.set_max_payload(4096);
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::A, Some(e)),
+    );
+    assert_eq!(r.edns.as_ref().map(|e| e.max_payload()), Some(1232));
+    assert_eq!(ips(&r), vec!["127.0.0.1"]);
+
+    let mut e = Edns::new();
+    e.set_version(1);
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::A, Some(e)),
+    );
+    // BADVERS and BADSIG share code 16; the decoder names it BADSIG.
+    assert_eq!(u16::from(r.metadata.response_code), 16, "BADVERS");
+    assert_eq!(r.edns.as_ref().map(|e| e.version()), Some(0));
+
+    let mut e = Edns::new();
+    e.options_mut()
+        .insert(EdnsOption::Unknown(65001, vec![1, 2, 3]));
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::A, Some(e)),
+    );
+    assert_eq!(ips(&r), vec!["127.0.0.1"], "unknown options are ignored");
+}
+
+#[test]
+fn truncation_then_tcp() {
+    let many: Vec<String> = (1..=60).map(|i| format!("\"2001:db8::{i:x}\"")).collect();
+    let config = format!(
+        "[resolver]\nnameservers = [\"127.0.0.1:9\"]\n\n[dns]\nlisten = \"127.0.0.1:0\"\nhostnames = [\"gateway.sandbox.internal\"]\naddresses = [{}]\n",
+        many.join(", ")
+    );
+    let gw = TestGateway::start(&config, "");
+    let dns = gw.dns_addr();
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::AAAA, None),
+    );
+    assert!(
+        r.metadata.truncation,
+        "60 AAAA records do not fit in 512 bytes"
+    );
+    let r = tcp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::AAAA, None),
+    );
+    assert!(!r.metadata.truncation);
+    assert_eq!(r.answers.len(), 60);
+}
+
+fn header(id: u16, qdcount: u16) -> Vec<u8> {
+    let mut h = vec![0u8; 12];
+    h[..2].copy_from_slice(&id.to_be_bytes());
+    h[2] = 0x01; // RD
+    h[4..6].copy_from_slice(&qdcount.to_be_bytes());
+    h
+}
+
+#[test]
+fn malformed_datagrams() {
+    let (_gw, dns) = gateway("");
+    // Too short to carry a header: deliberately dropped, on both transports.
+    assert!(udp_raw(dns, &[1, 2, 3, 4, 5]).is_none());
+    assert!(tcp_raw(dns, &[1, 2, 3, 4, 5]).is_none());
+
+    let mut pointer_loop = header(0x1234, 1);
+    pointer_loop.extend_from_slice(&[0xC0, 0x0C, 0, 1, 0, 1]);
+    let mut long_name = header(0x2345, 1);
+    for _ in 0..5 {
+        long_name.push(63);
+        long_name.extend_from_slice(&[b'a'; 63]);
+    }
+    long_name.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let mut two = query("gateway.sandbox.internal.", RecordType::A, None);
+    two.add_query(two.queries[0].clone());
+    two.metadata.id = 0x4567;
+    let mut none = query("gateway.sandbox.internal.", RecordType::A, None);
+    none.queries.clear();
+    none.metadata.id = 0x5678;
+
+    let cases = [
+        (pointer_loop, 0x1234u16),
+        (long_name, 0x2345),
+        (two.to_vec().unwrap(), 0x4567),
+        (none.to_vec().unwrap(), 0x5678),
+    ];
+    for (bytes, id) in cases {
+        for reply in [udp_raw(dns, &bytes), tcp_raw(dns, &bytes)] {
+            let reply = reply.expect("malformed queries get an answer");
+            assert_eq!(u16::from_be_bytes([reply[0], reply[1]]), id, "id echoed");
+            assert!(reply[2] & 0x80 != 0, "a response");
+            assert_eq!(reply[3] & 0x0f, 1, "FORMERR");
+        }
+    }
+    // Still serving.
+    assert_eq!(
+        ips(&udp(
+            dns,
+            &query("gateway.sandbox.internal.", RecordType::A, None)
+        )),
+        vec!["127.0.0.1"]
+    );
+}
+
+#[test]
+fn a_flooding_source_is_limited_while_others_are_answered() {
+    let (_gw, dns) = gateway("rate_limit_qps = 20\nrate_limit_burst = 20\n");
+    let flooder = udp_socket("127.0.0.2");
+    let msg = query("pypi.org.", RecordType::A, None).to_vec().unwrap();
+    for _ in 0..200 {
+        flooder.send_to(&msg, dns).unwrap();
+    }
+    flooder
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut answered = 0;
+    let mut buf = [0u8; 512];
+    while flooder.recv(&mut buf).is_ok() {
+        answered += 1;
+    }
+    assert!(
+        (15..=40).contains(&answered),
+        "flooder answered {answered} of 200"
+    );
+    // Another source is unaffected.
+    let r = udp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::A, None),
+    );
+    assert_eq!(ips(&r), vec!["127.0.0.1"]);
+}
+
+#[test]
+fn tcp_connections_are_capped_and_idle_ones_closed() {
+    use std::io::Read;
+    let (_gw, dns) = gateway("tcp_max_connections = 2\ntcp_idle_timeout = \"1s\"\n");
+    let held: Vec<_> = (0..2)
+        .map(|_| std::net::TcpStream::connect(dns).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut third = std::net::TcpStream::connect(dns).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(
+        third.read(&mut b).unwrap_or(0),
+        0,
+        "over the cap: closed at once"
+    );
+    for mut h in held {
+        h.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(h.read(&mut b).unwrap_or(0), 0);
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "idle connection closed"
+        );
+    }
+    let r = tcp(
+        dns,
+        &query("gateway.sandbox.internal.", RecordType::A, None),
+    );
+    assert_eq!(ips(&r), vec!["127.0.0.1"]);
+}
