@@ -56,20 +56,11 @@ pub fn raw_target(s: &str) -> String {
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    s[..end]
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    s[..end].chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
 impl AccessRecord {
-    pub fn new(
-        kind: Kind,
-        method: &str,
-        target: String,
-        client_addr: SocketAddr,
-        generation: u64,
-    ) -> Self {
+    pub fn new(kind: Kind, method: &str, target: String, client_addr: SocketAddr, generation: u64) -> Self {
         AccessRecord {
             kind,
             method: method.to_string(),

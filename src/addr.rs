@@ -145,9 +145,7 @@ pub fn parse_host(s: &str) -> Result<Host, AddrError> {
     }
     if let Some(inner) = s.strip_prefix('[') {
         let inner = inner.strip_suffix(']').ok_or(AddrError::InvalidIpLiteral)?;
-        return Ipv6Addr::from_str(inner)
-            .map(|a| Host::Ip(IpAddr::V6(a)))
-            .map_err(|_| AddrError::InvalidIpLiteral);
+        return Ipv6Addr::from_str(inner).map(|a| Host::Ip(IpAddr::V6(a))).map_err(|_| AddrError::InvalidIpLiteral);
     }
     if s.contains(':') {
         return Err(AddrError::InvalidIpLiteral);
@@ -209,9 +207,7 @@ fn check_hostname(name: &str) -> Result<(), AddrError> {
     let mut last = "";
     for label in name.split('.') {
         let ok_len = !label.is_empty() && label.len() <= MAX_LABEL;
-        let ok_chars = label
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        let ok_chars = label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !ok_len || !ok_chars || label.starts_with('-') || label.ends_with('-') {
             return Err(AddrError::InvalidHostname);
         }
@@ -245,23 +241,14 @@ mod tests {
     #[test]
     fn hostnames_are_normalised() {
         assert_eq!(host("PyPI.org."), Ok(Host::Name("pypi.org".into())));
-        assert_eq!(
-            host("bücher.example"),
-            Ok(Host::Name("xn--bcher-kva.example".into()))
-        );
-        assert_eq!(
-            host("_dmarc.example.com"),
-            Ok(Host::Name("_dmarc.example.com".into()))
-        );
+        assert_eq!(host("bücher.example"), Ok(Host::Name("xn--bcher-kva.example".into())));
+        assert_eq!(host("_dmarc.example.com"), Ok(Host::Name("_dmarc.example.com".into())));
         assert_eq!(host("localhost"), Ok(Host::Name("localhost".into())));
     }
 
     #[test]
     fn only_canonical_ip_literals_are_accepted() {
-        assert_eq!(
-            host("127.0.0.1"),
-            Ok(Host::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST)))
-        );
+        assert_eq!(host("127.0.0.1"), Ok(Host::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST))));
         assert!(matches!(host("[::1]"), Ok(Host::Ip(IpAddr::V6(_)))));
         for bad in [
             "2130706433",
@@ -287,9 +274,7 @@ mod tests {
     #[test]
     fn bad_hostnames_are_rejected() {
         let long = format!("{}.com", "a".repeat(64));
-        for bad in [
-            "", ".", "a..b", "-a.com", "a-.com", "a b.com", "a*.com", &long,
-        ] {
+        for bad in ["", ".", "a..b", "-a.com", "a-.com", "a b.com", "a*.com", &long] {
             assert!(host(bad).is_err(), "{bad:?} must be rejected");
         }
         assert_eq!(host(&"a.".repeat(128)), Err(AddrError::HostnameTooLong));
@@ -299,18 +284,9 @@ mod tests {
     fn authorities() {
         let t = parse_authority("Example.COM:443", None).unwrap();
         assert_eq!(t.to_string(), "example.com:443");
-        assert_eq!(
-            parse_authority("example.com", None),
-            Err(AddrError::MissingPort)
-        );
-        assert_eq!(
-            parse_authority("example.com", Some(80)).map(|t| t.port),
-            Ok(80)
-        );
-        assert_eq!(
-            parse_authority("[::1]:8080", None).map(|t| t.to_string()),
-            Ok("[::1]:8080".into())
-        );
+        assert_eq!(parse_authority("example.com", None), Err(AddrError::MissingPort));
+        assert_eq!(parse_authority("example.com", Some(80)).map(|t| t.port), Ok(80));
+        assert_eq!(parse_authority("[::1]:8080", None).map(|t| t.to_string()), Ok("[::1]:8080".into()));
         for bad in [
             "example.com:0",
             "example.com:65536",
@@ -323,10 +299,7 @@ mod tests {
             "[::1]x:443",
             "exa\0mple.com:1",
         ] {
-            assert!(
-                parse_authority(bad, None).is_err(),
-                "{bad:?} must be rejected"
-            );
+            assert!(parse_authority(bad, None).is_err(), "{bad:?} must be rejected");
         }
     }
 }

@@ -23,10 +23,7 @@ pub struct Credentials {
 
 impl Credentials {
     pub fn new(user: &str, secret: &str) -> Self {
-        Credentials {
-            user: user.to_string(),
-            secret: secret.to_string(),
-        }
+        Credentials { user: user.to_string(), secret: secret.to_string() }
     }
 
     pub fn secret(&self) -> &str {
@@ -36,10 +33,7 @@ impl Credentials {
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials")
-            .field("user", &self.user)
-            .field("secret", &"<redacted>")
-            .finish()
+        f.debug_struct("Credentials").field("user", &self.user).field("secret", &"<redacted>").finish()
     }
 }
 
@@ -67,16 +61,12 @@ pub fn parse_basic(value: &[u8]) -> Result<Credentials, AuthError> {
     if value.len() > MAX_HEADER_LEN {
         return Err(AuthError::Malformed);
     }
-    let value = std::str::from_utf8(value)
-        .map_err(|_| AuthError::Malformed)?
-        .trim();
+    let value = std::str::from_utf8(value).map_err(|_| AuthError::Malformed)?.trim();
     let (scheme, payload) = value.split_once(' ').ok_or(AuthError::Malformed)?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return Err(AuthError::Malformed);
     }
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(payload.trim())
-        .map_err(|_| AuthError::Malformed)?;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(payload.trim()).map_err(|_| AuthError::Malformed)?;
     let decoded = String::from_utf8(decoded).map_err(|_| AuthError::Malformed)?;
     let (user, secret) = decoded.split_once(':').ok_or(AuthError::Malformed)?;
     if user.is_empty() || secret.is_empty() {
@@ -105,10 +95,7 @@ pub fn authenticate<'a>(set: &'a PolicySet, creds: &Credentials) -> Result<&'a S
 }
 
 /// Checks an optional header value: missing, malformed or wrong all map to a reason.
-pub fn authenticate_header<'a>(
-    set: &'a PolicySet,
-    value: Option<&[u8]>,
-) -> Result<&'a Sandbox, AuthError> {
+pub fn authenticate_header<'a>(set: &'a PolicySet, value: Option<&[u8]>) -> Result<&'a Sandbox, AuthError> {
     let creds = parse_basic(value.ok_or(AuthError::Missing)?)?;
     authenticate(set, &creds)
 }
@@ -124,10 +111,7 @@ mod tests {
     use super::*;
 
     fn b64(s: &str) -> String {
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(s)
-        )
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(s))
     }
 
     #[test]
@@ -136,14 +120,7 @@ mod tests {
         assert_eq!(c.user, "sbx-1");
         assert_eq!(c.secret(), "tok:with:colons");
         assert!(!format!("{c:?}").contains("tok"));
-        for bad in [
-            "Bearer abc",
-            "Basic !!!",
-            "Basic",
-            &b64("nocolon"),
-            &b64(":x"),
-            &b64("x:"),
-        ] {
+        for bad in ["Bearer abc", "Basic !!!", "Basic", &b64("nocolon"), &b64(":x"), &b64("x:")] {
             assert!(parse_basic(bad.as_bytes()).is_err(), "{bad}");
         }
         assert!(parse_basic(&vec![b'a'; 5000]).is_err());

@@ -10,26 +10,21 @@ use std::path::Path;
 pub use error::{ConfigError, DisplayPath};
 pub use policy_files::load_policies;
 pub use validate::{
-    BlockMode, Config, DnsConfig, LogConfig, LogFormat, PolicyConfig, PolicySource, ProxyConfig,
-    RateLimitAction, ResolverConfig,
+    BlockMode, Config, DnsConfig, LogConfig, LogFormat, PolicyConfig, PolicySource, ProxyConfig, RateLimitAction,
+    ResolverConfig,
 };
 
 /// Reads and validates a gateway config file. Relative paths in it are relative to the
 /// file's directory.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-        file: path.into(),
-        source: e,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read { file: path.into(), source: e })?;
     let base = path.parent().unwrap_or_else(|| Path::new("."));
     parse(&text, &path.into(), base)
 }
 
 /// Parses and validates config text.
 pub fn parse(text: &str, file: &DisplayPath, base_dir: &Path) -> Result<Config, ConfigError> {
-    let raw: raw::RawConfig = toml::from_str(text).map_err(|e| ConfigError::Toml {
-        file: file.clone(),
-        source: Box::new(e),
-    })?;
+    let raw: raw::RawConfig =
+        toml::from_str(text).map_err(|e| ConfigError::Toml { file: file.clone(), source: Box::new(e) })?;
     validate::validate(raw, file, base_dir)
 }

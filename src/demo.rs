@@ -32,16 +32,9 @@ pub const DEMO_SANDBOX: &str = "demo";
 /// Returns the demo config and the freshly generated demo token.
 pub fn config() -> Result<(Config, String), ConfigError> {
     let token = auth::generate_token();
-    let mut cfg = config::parse(
-        DEMO_CONFIG,
-        &DisplayPath("<built-in demo>".into()),
-        Path::new("."),
-    )?;
+    let mut cfg = config::parse(DEMO_CONFIG, &DisplayPath("<built-in demo>".into()), Path::new("."))?;
     let text = DEMO_POLICY.replace("{TOKEN_SHA256}", &hex::encode(auth::token_sha256(&token)));
-    cfg.policy.source = PolicySource::Inline {
-        label: "<built-in demo policy>".into(),
-        text,
-    };
+    cfg.policy.source = PolicySource::Inline { label: "<built-in demo policy>".into(), text };
     Ok((cfg, token))
 }
 

@@ -20,17 +20,11 @@ pub enum GatewayError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot bind proxy listener {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error("cannot start resolver: {0}")]
     Resolver(std::io::Error),
     #[error("cannot bind DNS listener {addr}: {source}")]
-    DnsBind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    DnsBind { addr: SocketAddr, source: std::io::Error },
 }
 
 pub struct Gateway {
@@ -43,12 +37,8 @@ impl Gateway {
     /// Loads the policies, builds the resolver and binds the proxy listener.
     pub async fn bind(config: Config) -> Result<Gateway, GatewayError> {
         let policies = config::load_policies(&config)?;
-        let resolver = Resolver::new(
-            &config.resolver,
-            config.egress.filter.clone(),
-            config.proxy.connect_timeout,
-        )
-        .map_err(GatewayError::Resolver)?;
+        let resolver = Resolver::new(&config.resolver, config.egress.filter.clone(), config.proxy.connect_timeout)
+            .map_err(GatewayError::Resolver)?;
         let resolver = Arc::new(resolver);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
@@ -57,18 +47,11 @@ impl Gateway {
             .set_host(false)
             .build(VettingConnector::new(resolver.clone()));
         let addr = config.proxy.listen;
-        let proxy = TcpListener::bind(addr)
-            .await
-            .map_err(|source| GatewayError::Bind { addr, source })?;
+        let proxy = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
         let dns = match &config.dns {
-            Some(d) => Some(
-                DnsServer::bind(d)
-                    .await
-                    .map_err(|source| GatewayError::DnsBind {
-                        addr: d.listen,
-                        source,
-                    })?,
-            ),
+            Some(d) => {
+                Some(DnsServer::bind(d).await.map_err(|source| GatewayError::DnsBind { addr: d.listen, source })?)
+            }
             None => None,
         };
         crate::metrics::describe();
@@ -118,23 +101,12 @@ impl Gateway {
         }
 
         let timeout = shared.config.proxy.shutdown_timeout;
-        tracing::info!(
-            timeout_s = timeout.as_secs(),
-            in_flight = shared.tasks.len(),
-            "shutting down"
-        );
+        tracing::info!(timeout_s = timeout.as_secs(), in_flight = shared.tasks.len(), "shutting down");
         shared.tasks.close();
-        if tokio::time::timeout(timeout, shared.tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                in_flight = shared.tasks.len(),
-                "shutdown timeout reached; closing what is left"
-            );
+        if tokio::time::timeout(timeout, shared.tasks.wait()).await.is_err() {
+            tracing::warn!(in_flight = shared.tasks.len(), "shutdown timeout reached; closing what is left");
             shared.hard_stop.cancel();
-            let _ =
-                tokio::time::timeout(std::time::Duration::from_secs(2), shared.tasks.wait()).await;
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), shared.tasks.wait()).await;
         }
         tracing::info!("stopped");
     }

@@ -26,22 +26,13 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { config, listen } => serve(config, listen),
-        Command::Config {
-            command: ConfigCommand::Validate { config },
-        } => {
+        Command::Config { command: ConfigCommand::Validate { config } } => {
             let cfg = load_or_demo(config)?.0;
             let set = config::load_policies(&cfg)?;
-            eprintln!(
-                "{}: valid ({} policies, {} sandboxes)",
-                cfg.file,
-                set.policies.len(),
-                set.sandboxes.len()
-            );
+            eprintln!("{}: valid ({} policies, {} sandboxes)", cfg.file, set.policies.len(), set.sandboxes.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Token {
-            command: TokenCommand::Hash,
-        } => {
+        Command::Token { command: TokenCommand::Hash } => {
             let token = read_token_from_stdin()?;
             anyhow::ensure!(!token.is_empty(), "empty token on standard input");
             #[expect(clippy::print_stdout, reason = "CLI output")]
@@ -50,9 +41,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Token {
-            command: TokenCommand::Generate,
-        } => {
+        Command::Token { command: TokenCommand::Generate } => {
             let token = auth::generate_token();
             #[expect(clippy::print_stdout, reason = "CLI output")]
             {
@@ -75,18 +64,13 @@ fn load_or_demo(path: Option<std::path::PathBuf>) -> anyhow::Result<(Config, Opt
     }
 }
 
-fn serve(
-    path: Option<std::path::PathBuf>,
-    listen: Option<std::net::SocketAddr>,
-) -> anyhow::Result<ExitCode> {
+fn serve(path: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>) -> anyhow::Result<ExitCode> {
     let (mut cfg, demo_token) = load_or_demo(path)?;
     if let Some(l) = listen {
         cfg.proxy.listen = l;
     }
     telemetry::init(&cfg.log).map_err(anyhow::Error::msg)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let gateway = Gateway::bind(cfg).await?;
         if let Some(token) = demo_token {

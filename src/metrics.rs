@@ -14,15 +14,7 @@ pub const DNS_TCP_REFUSED: &str = "egress_dns_tcp_connections_refused_total";
 
 /// Registers descriptions with whatever recorder is installed.
 pub fn describe() {
-    describe_counter!(
-        DNS_QUERIES,
-        Unit::Count,
-        "DNS queries answered by the DNS firewall, by result and transport"
-    );
+    describe_counter!(DNS_QUERIES, Unit::Count, "DNS queries answered by the DNS firewall, by result and transport");
     describe_histogram!(DNS_DURATION, Unit::Seconds, "Time to answer one DNS query");
-    describe_counter!(
-        DNS_TCP_REFUSED,
-        Unit::Count,
-        "DNS TCP connections closed at the connection cap"
-    );
+    describe_counter!(DNS_TCP_REFUSED, Unit::Count, "DNS TCP connections closed at the connection cap");
 }

@@ -73,55 +73,28 @@ impl Policy {
     /// Decides whether `target` may be reached. Deny rules beat allow rules; no match
     /// is a deny. The decision names the rule that matched.
     pub fn decide(&self, target: &Target) -> Decision<'_> {
-        Decision {
-            verdict: self.verdict(target),
-            report_only: self.mode == Mode::Report,
-        }
+        Decision { verdict: self.verdict(target), report_only: self.mode == Mode::Report }
     }
 
     fn verdict(&self, target: &Target) -> Verdict<'_> {
         let port = target.port;
         if let Some(rule) = self.first_match(&self.deny, target, |p| deny_port_matches(p, port)) {
-            return Verdict::Deny {
-                reason: DenyReason::HostDenied,
-                rule: Some(rule),
-            };
+            return Verdict::Deny { reason: DenyReason::HostDenied, rule: Some(rule) };
         }
-        if let Some(rule) =
-            self.first_match(&self.allow, target, |p| self.allow_port_matches(p, port))
-        {
+        if let Some(rule) = self.first_match(&self.allow, target, |p| self.allow_port_matches(p, port)) {
             return Verdict::Allow { rule };
         }
         // The host is listed but not on this port: say so, naming the rule.
         if let Some(rule) = self.first_match(&self.allow, target, |_| true) {
-            return Verdict::Deny {
-                reason: DenyReason::PortNotAllowed,
-                rule: Some(rule),
-            };
+            return Verdict::Deny { reason: DenyReason::PortNotAllowed, rule: Some(rule) };
         }
-        Verdict::Deny {
-            reason: DenyReason::HostNotAllowed,
-            rule: None,
-        }
+        Verdict::Deny { reason: DenyReason::HostNotAllowed, rule: None }
     }
 
-    fn first_match(
-        &self,
-        set: &RuleSet,
-        target: &Target,
-        port_ok: impl Fn(PortSpec) -> bool,
-    ) -> Option<&RuleSource> {
+    fn first_match(&self, set: &RuleSet, target: &Target, port_ok: impl Fn(PortSpec) -> bool) -> Option<&RuleSource> {
         let idx = match &target.host {
-            Host::Name(name) => set
-                .hosts
-                .matching(name)
-                .find(|e| port_ok(e.ports))
-                .map(|e| e.rule),
-            Host::Ip(ip) => set
-                .nets
-                .matching(*ip)
-                .find(|e| port_ok(e.ports))
-                .map(|e| e.rule),
+            Host::Name(name) => set.hosts.matching(name).find(|e| port_ok(e.ports)).map(|e| e.rule),
+            Host::Ip(ip) => set.nets.matching(*ip).find(|e| port_ok(e.ports)).map(|e| e.rule),
         };
         idx.and_then(|i| self.rules.get(i))
     }
@@ -152,27 +125,16 @@ impl PolicyBuilder {
     pub fn add(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), RuleError> {
         let rule = parse_rule(text)?;
         let idx = self.policy.rules.len();
-        self.policy.rules.push(RuleSource {
-            text: text.to_string(),
-            list,
-            location: location.to_string(),
-        });
+        self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
         let set = match list {
             RuleList::Allow => &mut self.policy.allow,
             RuleList::Deny => &mut self.policy.deny,
         };
-        let entry = HostEntry {
-            ports: rule.ports,
-            rule: idx,
-        };
+        let entry = HostEntry { ports: rule.ports, rule: idx };
         match rule.pattern {
             HostPattern::Exact(name) => set.hosts.add_exact(&name, entry),
             HostPattern::Suffix(suffix) => set.hosts.add_suffix(&suffix, entry),
-            HostPattern::Net(net) => set.nets.add(NetEntry {
-                net,
-                ports: rule.ports,
-                rule: idx,
-            }),
+            HostPattern::Net(net) => set.nets.add(NetEntry { net, ports: rule.ports, rule: idx }),
         }
         Ok(())
     }
@@ -239,70 +201,31 @@ mod tests {
             ],
             &["upload.pypi.org", "*.evil.githubusercontent.com"],
         );
-        assert_eq!(
-            decide(&p, "pypi.org:443"),
-            ("allow", None, Some("pypi.org".into()))
-        );
+        assert_eq!(decide(&p, "pypi.org:443"), ("allow", None, Some("pypi.org".into())));
         assert_eq!(decide(&p, "pypi.org:80").0, "allow");
-        assert_eq!(
-            decide(&p, "pypi.org:22"),
-            (
-                "deny",
-                Some(DenyReason::PortNotAllowed),
-                Some("pypi.org".into())
-            )
-        );
-        assert_eq!(
-            decide(&p, "upload.pypi.org:443").1,
-            Some(DenyReason::HostDenied)
-        );
+        assert_eq!(decide(&p, "pypi.org:22"), ("deny", Some(DenyReason::PortNotAllowed), Some("pypi.org".into())));
+        assert_eq!(decide(&p, "upload.pypi.org:443").1, Some(DenyReason::HostDenied));
         assert_eq!(decide(&p, "raw.githubusercontent.com:443").0, "allow");
-        assert_eq!(
-            decide(&p, "raw.githubusercontent.com:80").1,
-            Some(DenyReason::PortNotAllowed)
-        );
-        assert_eq!(
-            decide(&p, "githubusercontent.com:443").1,
-            Some(DenyReason::HostNotAllowed)
-        );
+        assert_eq!(decide(&p, "raw.githubusercontent.com:80").1, Some(DenyReason::PortNotAllowed));
+        assert_eq!(decide(&p, "githubusercontent.com:443").1, Some(DenyReason::HostNotAllowed));
         assert_eq!(
             decide(&p, "x.evil.githubusercontent.com:443"),
-            (
-                "deny",
-                Some(DenyReason::HostDenied),
-                Some("*.evil.githubusercontent.com".into())
-            )
+            ("deny", Some(DenyReason::HostDenied), Some("*.evil.githubusercontent.com".into()))
         );
         assert_eq!(decide(&p, "alt.example:9999").0, "allow");
         assert_eq!(decide(&p, "198.51.100.7:8443").0, "allow");
-        assert_eq!(
-            decide(&p, "198.51.100.7:443").1,
-            Some(DenyReason::PortNotAllowed)
-        );
+        assert_eq!(decide(&p, "198.51.100.7:443").1, Some(DenyReason::PortNotAllowed));
         assert_eq!(decide(&p, "[::ffff:198.51.100.7]:8443").0, "allow");
-        assert_eq!(
-            decide(&p, "example.com:443").1,
-            Some(DenyReason::HostNotAllowed)
-        );
+        assert_eq!(decide(&p, "example.com:443").1, Some(DenyReason::HostNotAllowed));
     }
 
     #[test]
     fn deny_beats_allow_and_ip_rules_match_only_literals() {
-        let p = policy(
-            Mode::Enforce,
-            &["a.example.com", "203.0.113.7:443"],
-            &["a.example.com:443"],
-        );
-        assert_eq!(
-            decide(&p, "a.example.com:443").1,
-            Some(DenyReason::HostDenied)
-        );
+        let p = policy(Mode::Enforce, &["a.example.com", "203.0.113.7:443"], &["a.example.com:443"]);
+        assert_eq!(decide(&p, "a.example.com:443").1, Some(DenyReason::HostDenied));
         assert_eq!(decide(&p, "a.example.com:80").0, "allow");
         assert_eq!(decide(&p, "203.0.113.7:443").0, "allow");
-        assert_eq!(
-            decide(&p, "203.0.113.8:443").1,
-            Some(DenyReason::HostNotAllowed)
-        );
+        assert_eq!(decide(&p, "203.0.113.8:443").1, Some(DenyReason::HostNotAllowed));
     }
 
     #[test]

@@ -51,11 +51,7 @@ pub struct ConnInfo {
 }
 
 /// Entry point for every request on the proxy port.
-pub async fn handle(
-    req: Request<Incoming>,
-    conn: &ConnInfo,
-    shared: &Arc<Shared>,
-) -> Response<ProxyBody> {
+pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared>) -> Response<ProxyBody> {
     let state = shared.store.snapshot();
     if req.method() == Method::CONNECT {
         connect::handle(req, conn, shared, state).await
@@ -80,10 +76,7 @@ pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the pro
 
 /// Authenticates from `Proxy-Authorization`.
 fn identify<'s>(state: &'s State, req: &Request<Incoming>) -> Result<&'s Sandbox, auth::AuthError> {
-    let value = req
-        .headers()
-        .get(http::header::PROXY_AUTHORIZATION)
-        .map(|v| v.as_bytes());
+    let value = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
     auth::authenticate_header(&state.policies, value)
 }
 
@@ -104,18 +97,9 @@ fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<Pr
 }
 
 /// Records and answers a policy denial.
-fn deny_by_policy(
-    rec: &mut AccessRecord,
-    decision: &Decision<'_>,
-    reason: DenyReason,
-) -> Response<ProxyBody> {
+fn deny_by_policy(rec: &mut AccessRecord, decision: &Decision<'_>, reason: DenyReason) -> Response<ProxyBody> {
     let rule = decision.rule();
-    let hint = hint_for(
-        reason,
-        &rec.target,
-        rec.policy.as_deref().unwrap_or(""),
-        rule.map(|r| r.location.as_str()),
-    );
+    let hint = hint_for(reason, &rec.target, rec.policy.as_deref().unwrap_or(""), rule.map(|r| r.location.as_str()));
     let resp = respond::deny(
         reason,
         &Denial {
@@ -144,16 +128,11 @@ fn finish(
     resp
 }
 
-fn hint_for(
-    reason: DenyReason,
-    target: &str,
-    policy: &str,
-    location: Option<&str>,
-) -> Option<String> {
+fn hint_for(reason: DenyReason, target: &str, policy: &str, location: Option<&str>) -> Option<String> {
     match reason {
-        DenyReason::HostNotAllowed | DenyReason::PortNotAllowed => Some(format!(
-            "to allow it, add \"{target}\" to policies.{policy}.allow"
-        )),
+        DenyReason::HostNotAllowed | DenyReason::PortNotAllowed => {
+            Some(format!("to allow it, add \"{target}\" to policies.{policy}.allow"))
+        }
         DenyReason::HostDenied => location.map(|l| format!("denied by the rule at {l}")),
         DenyReason::AuthRequired | DenyReason::AuthInvalid => Some(AUTH_HINT.to_string()),
         _ => None,

@@ -24,13 +24,7 @@ pub struct Store {
 
 impl Store {
     pub fn new(policies: PolicySet) -> Self {
-        Store {
-            current: ArcSwap::from_pointee(State {
-                generation: 1,
-                policies,
-            }),
-            next_generation: AtomicU64::new(2),
-        }
+        Store { current: ArcSwap::from_pointee(State { generation: 1, policies }), next_generation: AtomicU64::new(2) }
     }
 
     pub fn snapshot(&self) -> Arc<State> {
@@ -42,10 +36,7 @@ impl Store {
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
         let policies = config::load_policies(config)?;
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        self.current.store(Arc::new(State {
-            generation,
-            policies,
-        }));
+        self.current.store(Arc::new(State { generation, policies }));
         Ok(generation)
     }
 }

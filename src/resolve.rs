@@ -10,9 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use hickory_resolver::TokioResolver;
-use hickory_resolver::config::{
-    ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig as HickoryConfig,
-};
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig as HickoryConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -54,11 +52,7 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    pub fn new(
-        cfg: &ResolverConfig,
-        filter: EgressFilter,
-        connect_timeout: Duration,
-    ) -> io::Result<Self> {
+    pub fn new(cfg: &ResolverConfig, filter: EgressFilter, connect_timeout: Duration) -> io::Result<Self> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if cfg.nameservers.is_empty() {
             TokioResolver::builder(provider.clone()).unwrap_or_else(|e| {
@@ -83,20 +77,10 @@ impl Resolver {
         // Two tries inside the overall `resolver.timeout` that `resolve` enforces.
         opts.timeout = cfg.timeout / 2;
         opts.attempts = 2;
-        opts.use_hosts_file = if cfg.hosts_file {
-            ResolveHosts::Always
-        } else {
-            ResolveHosts::Never
-        };
+        opts.use_hosts_file = if cfg.hosts_file { ResolveHosts::Always } else { ResolveHosts::Never };
         opts.ndots = 0;
         let dns = builder.build().map_err(io::Error::other)?;
-        Ok(Resolver {
-            hosts: cfg.hosts.clone(),
-            dns,
-            filter,
-            connect_timeout,
-            resolve_timeout: cfg.timeout,
-        })
+        Ok(Resolver { hosts: cfg.hosts.clone(), dns, filter, connect_timeout, resolve_timeout: cfg.timeout })
     }
 
     pub fn filter(&self) -> &EgressFilter {
@@ -147,18 +131,12 @@ impl Resolver {
                 Err(_) => return Err(DialError::Timeout),
             }
         }
-        Err(DialError::Unreachable(
-            last_err.unwrap_or_else(|| io::Error::other("no address")),
-        ))
+        Err(DialError::Unreachable(last_err.unwrap_or_else(|| io::Error::other("no address"))))
     }
 }
 
 /// Vets every address; an empty result names the first refused one.
-pub fn vet_all(
-    filter: &EgressFilter,
-    ips: &[IpAddr],
-    port: u16,
-) -> Result<Vec<SocketAddr>, DialError> {
+pub fn vet_all(filter: &EgressFilter, ips: &[IpAddr], port: u16) -> Result<Vec<SocketAddr>, DialError> {
     let mut first_denied = None;
     let mut ok = Vec::with_capacity(ips.len());
     for ip in ips {
@@ -183,14 +161,9 @@ mod tests {
     #[test]
     fn vet_all_keeps_only_public_addresses() {
         let f = EgressFilter::builtin();
-        let ips: Vec<IpAddr> = ["10.0.0.1", "93.184.215.14", "::ffff:169.254.169.254"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
-        assert_eq!(
-            vet_all(&f, &ips, 443).unwrap(),
-            vec!["93.184.215.14:443".parse().unwrap()]
-        );
+        let ips: Vec<IpAddr> =
+            ["10.0.0.1", "93.184.215.14", "::ffff:169.254.169.254"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(vet_all(&f, &ips, 443).unwrap(), vec!["93.184.215.14:443".parse().unwrap()]);
         let e = vet_all(&f, &ips[..1], 443).unwrap_err();
         assert_eq!(e.reason(), DenyReason::AddressDenied);
         assert!(e.to_string().contains("10.0.0.1 in 10.0.0.0/8"), "{e}");

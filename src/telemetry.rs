@@ -21,25 +21,18 @@ use crate::config::{LogConfig, LogFormat};
 /// Installs the global subscriber. Returns an error if one is already installed.
 pub fn init(cfg: &LogConfig) -> Result<(), String> {
     // hickory logs every query at info; the gateway does its own logging.
-    let directives = format!(
-        "{},hickory_proto=warn,hickory_resolver=warn,hickory_server=warn",
-        cfg.level
-    );
+    let directives = format!("{},hickory_proto=warn,hickory_resolver=warn,hickory_server=warn", cfg.level);
     let filter = EnvFilter::try_new(directives).map_err(|e| e.to_string())?;
     let json = match cfg.format {
         LogFormat::Json => true,
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let res = if json {
         builder.event_format(JsonFormat).try_init()
     } else {
-        builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .try_init()
+        builder.with_ansi(std::io::stderr().is_terminal()).try_init()
     };
     res.map_err(|e| e.to_string())
 }
@@ -51,25 +44,14 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(
-        &self,
-        _ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
+    fn format_event(&self, _ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let mut map = Map::new();
-        map.insert(
-            "ts".into(),
-            Value::String(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
-        );
+        map.insert("ts".into(), Value::String(humantime::format_rfc3339_millis(SystemTime::now()).to_string()));
         let meta = event.metadata();
         if meta.target() == access_log::TARGET {
             map.insert("log".into(), Value::String("access".into()));
         } else {
-            map.insert(
-                "level".into(),
-                Value::String(meta.level().as_str().to_ascii_lowercase()),
-            );
+            map.insert("level".into(), Value::String(meta.level().as_str().to_ascii_lowercase()));
             map.insert("target".into(), Value::String(meta.target().into()));
         }
         event.record(&mut JsonVisitor(&mut map));
@@ -92,8 +74,7 @@ impl JsonVisitor<'_> {
 
 impl Visit for JsonVisitor<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0
-            .insert(Self::key(field), Value::String(format!("{value:?}")));
+        self.0.insert(Self::key(field), Value::String(format!("{value:?}")));
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(Self::key(field), Value::String(value.into()));

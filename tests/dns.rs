@@ -43,18 +43,12 @@ fn soa_minimum(m: &Message) -> Option<u32> {
 fn gateway_name_answers_over_udp_and_tcp() {
     let (_gw, dns) = gateway("");
     for send in [udp as fn(SocketAddr, &Message) -> Message, tcp] {
-        let r = send(
-            dns,
-            &query("gateway.sandbox.internal.", RecordType::A, None),
-        );
+        let r = send(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
         assert_eq!(r.metadata.response_code, ResponseCode::NoError);
         assert!(r.metadata.authoritative);
         assert_eq!(ips(&r), vec!["127.0.0.1"]);
         assert_eq!(r.answers[0].ttl, 30);
-        let r = send(
-            dns,
-            &query("gateway.sandbox.internal.", RecordType::AAAA, None),
-        );
+        let r = send(dns, &query("gateway.sandbox.internal.", RecordType::AAAA, None));
         assert_eq!(ips(&r), vec!["::1"]);
     }
 }
@@ -65,10 +59,7 @@ fn real_resolver_resolves_only_the_gateway() {
     use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
     use hickory_resolver::net::runtime::TokioRuntimeProvider;
     let (_gw, dns) = gateway("");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut udp = ConnectionConfig::udp();
         udp.port = dns.port();
@@ -79,10 +70,7 @@ fn real_resolver_resolves_only_the_gateway() {
         )
         .build()
         .unwrap();
-        let ok = resolver
-            .lookup_ip("gateway.sandbox.internal.")
-            .await
-            .unwrap();
+        let ok = resolver.lookup_ip("gateway.sandbox.internal.").await.unwrap();
         let mut got: Vec<String> = ok.iter().map(|ip| ip.to_string()).collect();
         got.sort();
         assert_eq!(got, vec!["127.0.0.1", "::1"]);
@@ -93,62 +81,32 @@ fn real_resolver_resolves_only_the_gateway() {
 #[test]
 fn other_types_ancestors_and_blocked_names() {
     let (gw, dns) = gateway("");
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::MX, None),
-    );
-    assert_eq!(
-        (r.metadata.response_code, r.answers.len()),
-        (ResponseCode::NoError, 0)
-    );
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::MX, None));
+    assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));
     assert_eq!(soa_minimum(&r), Some(45), "NODATA carries an SOA");
 
     for ancestor in ["sandbox.internal.", "internal."] {
         let r = udp(dns, &query(ancestor, RecordType::A, None));
-        assert_eq!(
-            r.metadata.response_code,
-            ResponseCode::NoError,
-            "{ancestor}: never NXDOMAIN (RFC 8020)"
-        );
+        assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{ancestor}: never NXDOMAIN (RFC 8020)");
         assert!(r.answers.is_empty());
     }
 
-    for blocked in [
-        "pypi.org.",
-        "x.gateway.sandbox.internal.",
-        "evil.sandbox.internal.",
-        "exfil-0123abcd.attacker.example.",
-    ] {
+    for blocked in
+        ["pypi.org.", "x.gateway.sandbox.internal.", "evil.sandbox.internal.", "exfil-0123abcd.attacker.example."]
+    {
         let r = udp(dns, &query(blocked, RecordType::A, None));
-        assert_eq!(
-            r.metadata.response_code,
-            ResponseCode::NXDomain,
-            "{blocked}"
-        );
-        assert_eq!(
-            soa_minimum(&r),
-            Some(45),
-            "negative TTL from the SOA minimum"
-        );
+        assert_eq!(r.metadata.response_code, ResponseCode::NXDomain, "{blocked}");
+        assert_eq!(soa_minimum(&r), Some(45), "negative TTL from the SOA minimum");
     }
     let line = gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "dns query blocked");
-    assert!(
-        line["client_addr"]
-            .as_str()
-            .unwrap()
-            .starts_with("127.0.0.1:"),
-        "{line}"
-    );
+    assert!(line["client_addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{line}");
 }
 
 #[test]
 fn block_modes() {
     let (_gw, dns) = gateway("blocked = \"nodata\"\n");
     let r = udp(dns, &query("pypi.org.", RecordType::A, None));
-    assert_eq!(
-        (r.metadata.response_code, r.answers.len()),
-        (ResponseCode::NoError, 0)
-    );
+    assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));
     assert!(soa_minimum(&r).is_some());
     let (_gw, dns) = gateway("blocked = \"refused\"\n");
     let r = udp(dns, &query("pypi.org.", RecordType::A, None));
@@ -158,10 +116,7 @@ fn block_modes() {
 #[test]
 fn case_is_echoed_and_matched_insensitively() {
     let (_gw, dns) = gateway("");
-    let r = udp(
-        dns,
-        &query("GaTeWaY.SaNdBoX.InTeRnAl.", RecordType::A, None),
-    );
+    let r = udp(dns, &query("GaTeWaY.SaNdBoX.InTeRnAl.", RecordType::A, None));
     assert_eq!(ips(&r), vec!["127.0.0.1"]);
     assert_eq!(r.queries[0].name().to_string(), "GaTeWaY.SaNdBoX.InTeRnAl.");
     assert_eq!(r.answers[0].name.to_string(), "GaTeWaY.SaNdBoX.InTeRnAl.");
@@ -178,48 +133,32 @@ fn refused_notimp_and_any() {
     let mut q = query("gateway.sandbox.internal.", RecordType::A, None);
     q.metadata.op_code = OpCode::Status;
     assert_eq!(udp(dns, &q).metadata.response_code, ResponseCode::NotImp);
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::ANY, None),
-    );
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::ANY, None));
     assert_eq!(ips(&r), vec!["127.0.0.1"], "minimal ANY answer (RFC 8482)");
 }
 
 #[test]
 fn edns_handling() {
     let (_gw, dns) = gateway("");
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::A, None),
-    );
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
     assert!(r.edns.is_none(), "no OPT without one in the query");
 
     let mut e = Edns::new();
     e.set_max_payload(4096);
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::A, Some(e)),
-    );
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::A, Some(e)));
     assert_eq!(r.edns.as_ref().map(|e| e.max_payload()), Some(1232));
     assert_eq!(ips(&r), vec!["127.0.0.1"]);
 
     let mut e = Edns::new();
     e.set_version(1);
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::A, Some(e)),
-    );
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::A, Some(e)));
     // BADVERS and BADSIG share code 16; the decoder names it BADSIG.
     assert_eq!(u16::from(r.metadata.response_code), 16, "BADVERS");
     assert_eq!(r.edns.as_ref().map(|e| e.version()), Some(0));
 
     let mut e = Edns::new();
-    e.options_mut()
-        .insert(EdnsOption::Unknown(65001, vec![1, 2, 3]));
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::A, Some(e)),
-    );
+    e.options_mut().insert(EdnsOption::Unknown(65001, vec![1, 2, 3]));
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::A, Some(e)));
     assert_eq!(ips(&r), vec!["127.0.0.1"], "unknown options are ignored");
 }
 
@@ -232,18 +171,9 @@ fn truncation_then_tcp() {
     );
     let gw = TestGateway::start(&config, "");
     let dns = gw.dns_addr();
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::AAAA, None),
-    );
-    assert!(
-        r.metadata.truncation,
-        "60 AAAA records do not fit in 512 bytes"
-    );
-    let r = tcp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::AAAA, None),
-    );
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::AAAA, None));
+    assert!(r.metadata.truncation, "60 AAAA records do not fit in 512 bytes");
+    let r = tcp(dns, &query("gateway.sandbox.internal.", RecordType::AAAA, None));
     assert!(!r.metadata.truncation);
     assert_eq!(r.answers.len(), 60);
 }
@@ -293,13 +223,7 @@ fn malformed_datagrams() {
         }
     }
     // Still serving.
-    assert_eq!(
-        ips(&udp(
-            dns,
-            &query("gateway.sandbox.internal.", RecordType::A, None)
-        )),
-        vec!["127.0.0.1"]
-    );
+    assert_eq!(ips(&udp(dns, &query("gateway.sandbox.internal.", RecordType::A, None))), vec!["127.0.0.1"]);
 }
 
 #[test]
@@ -310,23 +234,15 @@ fn a_flooding_source_is_limited_while_others_are_answered() {
     for _ in 0..200 {
         flooder.send_to(&msg, dns).unwrap();
     }
-    flooder
-        .set_read_timeout(Some(Duration::from_millis(300)))
-        .unwrap();
+    flooder.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     let mut answered = 0;
     let mut buf = [0u8; 512];
     while flooder.recv(&mut buf).is_ok() {
         answered += 1;
     }
-    assert!(
-        (15..=40).contains(&answered),
-        "flooder answered {answered} of 200"
-    );
+    assert!((15..=40).contains(&answered), "flooder answered {answered} of 200");
     // Another source is unaffected.
-    let r = udp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::A, None),
-    );
+    let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
     assert_eq!(ips(&r), vec!["127.0.0.1"]);
 }
 
@@ -334,32 +250,18 @@ fn a_flooding_source_is_limited_while_others_are_answered() {
 fn tcp_connections_are_capped_and_idle_ones_closed() {
     use std::io::Read;
     let (_gw, dns) = gateway("tcp_max_connections = 2\ntcp_idle_timeout = \"1s\"\n");
-    let held: Vec<_> = (0..2)
-        .map(|_| std::net::TcpStream::connect(dns).unwrap())
-        .collect();
+    let held: Vec<_> = (0..2).map(|_| std::net::TcpStream::connect(dns).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(100));
     let mut third = std::net::TcpStream::connect(dns).unwrap();
-    third
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
+    third.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut b = [0u8; 1];
-    assert_eq!(
-        third.read(&mut b).unwrap_or(0),
-        0,
-        "over the cap: closed at once"
-    );
+    assert_eq!(third.read(&mut b).unwrap_or(0), 0, "over the cap: closed at once");
     for mut h in held {
         h.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let started = std::time::Instant::now();
         assert_eq!(h.read(&mut b).unwrap_or(0), 0);
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "idle connection closed"
-        );
+        assert!(started.elapsed() < Duration::from_secs(3), "idle connection closed");
     }
-    let r = tcp(
-        dns,
-        &query("gateway.sandbox.internal.", RecordType::A, None),
-    );
+    let r = tcp(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
     assert_eq!(ips(&r), vec!["127.0.0.1"]);
 }

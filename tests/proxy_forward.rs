@@ -1,11 +1,6 @@
 //! Absolute-form HTTP forwarding through the real gateway: real curl, raw sockets for
 //! what curl will not send, and a local origin that records what arrives.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests fail loudly"
-)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
 
 mod support;
 
@@ -13,9 +8,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use support::raw::{self, read_response, status};
-use support::{
-    STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy,
-};
+use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy};
 
 fn start() -> (TestGateway, TestOrigin) {
     let origin = TestOrigin::http();
@@ -43,33 +36,13 @@ fn forwards_with_clean_headers_and_host_from_the_uri() {
     assert_eq!((out.exit, out.status), (0, 200), "{out:?}");
     let rec = &origin.recorded()[0];
     assert_eq!(rec.uri, "/echo?q=1", "origin-form upstream");
-    let header = |n: &str| {
-        rec.headers
-            .iter()
-            .find(|(k, _)| k == n)
-            .map(|(_, v)| v.clone())
-    };
-    assert_eq!(
-        header("host").as_deref(),
-        Some(format!("origin.test:{}", origin.port()).as_str())
-    );
+    let header = |n: &str| rec.headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    assert_eq!(header("host").as_deref(), Some(format!("origin.test:{}", origin.port()).as_str()));
     assert_eq!(header("x-end-to-end").as_deref(), Some("passes"));
-    for gone in [
-        "proxy-authorization",
-        "proxy-connection",
-        "x-hop",
-        "connection",
-    ] {
-        assert!(
-            header(gone).is_none(),
-            "{gone} must be stripped: {:?}",
-            rec.headers
-        );
+    for gone in ["proxy-authorization", "proxy-connection", "x-hop", "connection"] {
+        assert!(header(gone).is_none(), "{gone} must be stripped: {:?}", rec.headers);
     }
-    assert!(
-        !format!("{:?}", rec.headers).contains(TOKEN_A),
-        "token reached the origin"
-    );
+    assert!(!format!("{:?}", rec.headers).contains(TOKEN_A), "token reached the origin");
 
     let log = gw.access_for(&format!("origin.test:{}", origin.port()));
     assert_eq!(log["kind"], "forward");
@@ -102,22 +75,10 @@ fn streams_large_bodies_both_ways() {
     let log = gw.access_for(&format!("origin.test:{}", origin.port()));
     assert_eq!(log["bytes_up"], 3 * 1024 * 1024, "{log}");
 
-    let url = format!(
-        "http://origin.test:{}/bytes/{}",
-        origin.port(),
-        8 * 1024 * 1024
-    );
-    let out = curl(&[
-        "-x",
-        &gw.proxy_url("sbx-a", TOKEN_A),
-        "-o",
-        "/dev/null",
-        &url,
-    ]);
+    let url = format!("http://origin.test:{}/bytes/{}", origin.port(), 8 * 1024 * 1024);
+    let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), "-o", "/dev/null", &url]);
     assert_eq!(out.status, 200, "{out:?}");
-    gw.wait_for_log(Duration::from_secs(10), |v| {
-        v["log"] == "access" && v["bytes_down"] == 8 * 1024 * 1024
-    });
+    gw.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["bytes_down"] == 8 * 1024 * 1024);
 }
 
 #[test]
@@ -130,10 +91,7 @@ fn keep_alive_serves_several_requests_on_one_connection() {
     let logs = gw.access_logs();
     assert_eq!(logs.len(), 3, "{logs:?}");
     let client = &logs[0]["client_addr"];
-    assert!(
-        logs.iter().all(|l| &l["client_addr"] == client),
-        "one client connection reused: {logs:?}"
-    );
+    assert!(logs.iter().all(|l| &l["client_addr"] == client), "one client connection reused: {logs:?}");
 }
 
 #[test]
@@ -143,59 +101,33 @@ fn absolute_form_denials_and_bad_forms() {
     let auth = basic("sbx-a", TOKEN_A);
     let cases = [
         (
-            format!(
-                "GET http://example.com:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-            ),
+            format!("GET http://example.com:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"),
             403,
             "host_not_allowed",
         ),
         (
-            format!(
-                "GET http://rebind.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-            ),
+            format!("GET http://rebind.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"),
             403,
             "address_denied",
         ),
         (
-            format!(
-                "GET https://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-            ),
+            format!("GET https://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"),
             400,
             "bad_request",
         ),
         (
-            format!(
-                "GET http://user@origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-            ),
+            format!("GET http://user@origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"),
             400,
             "bad_request",
         ),
+        (format!("GET http://2130706433:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"), 400, "bad_request"),
+        (format!("GET ftp://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"), 400, "bad_request"),
         (
-            format!(
-                "GET http://2130706433:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-            ),
+            format!("GET /echo HTTP/1.1\r\nHost: origin.test:{port}\r\nProxy-Authorization: {auth}\r\n\r\n"),
             400,
             "bad_request",
         ),
-        (
-            format!(
-                "GET ftp://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-            ),
-            400,
-            "bad_request",
-        ),
-        (
-            format!(
-                "GET /echo HTTP/1.1\r\nHost: origin.test:{port}\r\nProxy-Authorization: {auth}\r\n\r\n"
-            ),
-            400,
-            "bad_request",
-        ),
-        (
-            format!("GET http://origin.test:{port}/ HTTP/1.1\r\n\r\n"),
-            407,
-            "auth_required",
-        ),
+        (format!("GET http://origin.test:{port}/ HTTP/1.1\r\n\r\n"), 407, "auth_required"),
         (
             format!(
                 "GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
@@ -208,16 +140,9 @@ fn absolute_form_denials_and_bad_forms() {
     for (req, code, reason) in cases {
         let resp = raw::request(gw.addr, req.as_bytes());
         assert_eq!(status(&resp), code, "{req}\n{resp}");
-        assert!(
-            resp.contains(&format!("x-egress-deny-reason: {reason}")),
-            "{req}\n{resp}"
-        );
+        assert!(resp.contains(&format!("x-egress-deny-reason: {reason}")), "{req}\n{resp}");
     }
-    assert!(
-        origin.recorded().is_empty(),
-        "nothing may reach the origin: {:?}",
-        origin.recorded()
-    );
+    assert!(origin.recorded().is_empty(), "nothing may reach the origin: {:?}", origin.recorded());
 }
 
 #[test]
@@ -231,11 +156,7 @@ fn host_header_cannot_redirect_the_request() {
     let resp = raw::request(gw.addr, req.as_bytes());
     assert_eq!(status(&resp), 200, "{resp}");
     let rec = &origin.recorded()[0];
-    assert!(
-        rec.headers
-            .contains(&("host".into(), format!("origin.test:{port}"))),
-        "{rec:?}"
-    );
+    assert!(rec.headers.contains(&("host".into(), format!("origin.test:{port}"))), "{rec:?}");
 }
 
 #[test]
@@ -245,9 +166,7 @@ fn cl_te_smuggling_does_not_reach_the_origin() {
     let auth = basic("sbx-a", TOKEN_A);
     // Transfer-Encoding wins over Content-Length; the "body" after the terminating chunk
     // is a second request that must never be processed (the connection is closed).
-    let smuggled = format!(
-        "GET http://origin.test:{port}/smuggled HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-    );
+    let smuggled = format!("GET http://origin.test:{port}/smuggled HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
     let req = format!(
         "POST http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}",
         5 + smuggled.len()
@@ -256,19 +175,8 @@ fn cl_te_smuggling_does_not_reach_the_origin() {
     s.write_all(req.as_bytes()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let all = raw::read_all(&mut s);
-    assert_eq!(
-        all.matches("HTTP/1.1 ").count(),
-        1,
-        "exactly one response: {all}"
-    );
-    assert!(
-        origin
-            .recorded()
-            .iter()
-            .all(|r| !r.uri.contains("smuggled")),
-        "{:?}",
-        origin.recorded()
-    );
+    assert_eq!(all.matches("HTTP/1.1 ").count(), 1, "exactly one response: {all}");
+    assert!(origin.recorded().iter().all(|r| !r.uri.contains("smuggled")), "{:?}", origin.recorded());
 
     // Conflicting Content-Length values are rejected outright.
     let req = format!(
@@ -284,21 +192,14 @@ fn pipelined_requests_are_answered_in_order() {
     let (gw, origin) = start();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
-    let one = |p: &str| {
-        format!(
-            "GET http://origin.test:{port}/echo?{p} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
-        )
-    };
+    let one =
+        |p: &str| format!("GET http://origin.test:{port}/echo?{p} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
     let mut s = raw::connect(gw.addr);
-    s.write_all(format!("{}{}{}", one("n=1"), one("n=2"), one("n=3")).as_bytes())
-        .unwrap();
+    s.write_all(format!("{}{}{}", one("n=1"), one("n=2"), one("n=3")).as_bytes()).unwrap();
     for n in 1..=3 {
         let resp = read_response(&mut s);
         assert_eq!(status(&resp), 200, "{resp}");
-        assert!(
-            resp.contains(&format!("/echo?n={n}")),
-            "response {n} out of order: {resp}"
-        );
+        assert!(resp.contains(&format!("/echo?n={n}")), "response {n} out of order: {resp}");
     }
 }
 
@@ -314,8 +215,7 @@ fn oversized_heads_get_431_and_do_not_disturb_others() {
     let resp = raw::exchange(gw.addr, big.as_bytes());
     assert_eq!(status(&resp), 431, "{}", &resp[..resp.len().min(200)]);
 
-    let mut many =
-        format!("GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n");
+    let mut many = format!("GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n");
     for i in 0..2000 {
         many.push_str(&format!("X-H{i}: v\r\n"));
     }
@@ -323,11 +223,7 @@ fn oversized_heads_get_431_and_do_not_disturb_others() {
     let resp = raw::exchange(gw.addr, many.as_bytes());
     assert_eq!(status(&resp), 431, "{}", &resp[..resp.len().min(200)]);
 
-    let out = curl(&[
-        "-x",
-        &gw.proxy_url("sbx-a", TOKEN_A),
-        &format!("http://origin.test:{port}/echo"),
-    ]);
+    let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{port}/echo")]);
     assert_eq!(out.status, 200, "{out:?}");
     assert_eq!(origin.recorded().len(), 1);
 }
@@ -340,17 +236,12 @@ fn slow_clients_are_cut_off_while_others_are_served() {
     let mut slow: Vec<_> = (0..50)
         .map(|_| {
             let mut s = raw::connect(gw.addr);
-            s.write_all(b"GET http://origin.test/ HTTP/1.1\r\nX-Slow: ")
-                .unwrap();
+            s.write_all(b"GET http://origin.test/ HTTP/1.1\r\nX-Slow: ").unwrap();
             s
         })
         .collect();
     for _ in 0..5 {
-        let out = curl(&[
-            "-x",
-            &gw.proxy_url("sbx-a", TOKEN_A),
-            &format!("http://origin.test:{port}/echo"),
-        ]);
+        let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{port}/echo")]);
         assert_eq!(out.status, 200, "{out:?}");
     }
     // header_read_timeout is 2 s in the test config: every stalled connection is closed.
@@ -359,10 +250,7 @@ fn slow_clients_are_cut_off_while_others_are_served() {
         let mut buf = [0u8; 1024];
         let started = std::time::Instant::now();
         let r = s.read(&mut buf);
-        assert!(
-            started.elapsed() < Duration::from_secs(6),
-            "stalled connection still open"
-        );
+        assert!(started.elapsed() < Duration::from_secs(6), "stalled connection still open");
         // Closed (0), answered with 408, or reset: anything but an open connection.
         if let Ok(n) = r {
             let text = String::from_utf8_lossy(&buf[..n]);
@@ -377,10 +265,7 @@ fn connection_limit_answers_503_limit_exceeded() {
     let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nmax_connections = 2\n");
     let gw = TestGateway::start(&config, &standard_policy());
     let auth = basic("sbx-a", TOKEN_A);
-    let req = format!(
-        "GET http://origin.test:{}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n",
-        origin.port()
-    );
+    let req = format!("GET http://origin.test:{}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n", origin.port());
     // Two kept-alive connections hold both slots.
     let mut held: Vec<_> = (0..2)
         .map(|_| {
@@ -424,21 +309,13 @@ fn websocket_upgrade_is_relayed() {
     s.write_all(req.as_bytes()).unwrap();
     let head = raw::read_head(&mut s);
     assert_eq!(status(&head), 101, "{head}");
-    assert!(
-        head.to_ascii_lowercase().contains("upgrade: websocket"),
-        "{head}"
-    );
+    assert!(head.to_ascii_lowercase().contains("upgrade: websocket"), "{head}");
     s.write_all(b"ping-through-gateway").unwrap();
     let mut buf = [0u8; 20];
     s.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"ping-through-gateway");
     let rec = &origin.recorded()[0];
-    assert!(
-        rec.headers
-            .iter()
-            .any(|(k, v)| k == "upgrade" && v == "websocket"),
-        "{rec:?}"
-    );
+    assert!(rec.headers.iter().any(|(k, v)| k == "upgrade" && v == "websocket"), "{rec:?}");
 }
 
 #[test]
@@ -446,13 +323,10 @@ fn upstream_without_response_gets_504() {
     // A listener that accepts and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
-    let config =
-        STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nresponse_header_timeout = \"1s\"\n");
+    let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nresponse_header_timeout = \"1s\"\n");
     let gw = TestGateway::start(&config, &standard_policy());
-    let req = format!(
-        "GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-        basic("sbx-a", TOKEN_A)
-    );
+    let req =
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
     let resp = raw::request(gw.addr, req.as_bytes());
     assert_eq!(status(&resp), 504, "{resp}");
     assert!(resp.contains("upstream_timeout"), "{resp}");

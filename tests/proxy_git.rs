@@ -1,12 +1,7 @@
 //! The real git client through the gateway's absolute-form proxy path to a local
 //! `git http-backend` (smart HTTP over plain HTTP). The git route with credential
 //! injection is a separate feature; this proves ordinary proxying carries git.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests fail loudly"
-)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
 
 mod support;
 
@@ -17,14 +12,7 @@ use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, standa
 
 fn git(dir: &Path, args: &[&str]) -> std::process::Output {
     Command::new("git")
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.test",
-            "-c",
-            "init.defaultBranch=main",
-        ])
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.test", "-c", "init.defaultBranch=main"])
         .args(args)
         .current_dir(dir)
         .env("GIT_TERMINAL_PROMPT", "0")
@@ -35,11 +23,7 @@ fn git(dir: &Path, args: &[&str]) -> std::process::Output {
 }
 
 fn ok(out: std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "git failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "git failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -53,18 +37,8 @@ fn repo_root() -> tempfile::TempDir {
     std::fs::write(work.join("README"), "widgets\n").unwrap();
     ok(git(&work, &["add", "README"]));
     ok(git(&work, &["commit", "-m", "seed"]));
-    ok(git(
-        &work,
-        &[
-            "push",
-            root.path().join("widgets.git").to_str().unwrap(),
-            "HEAD:refs/heads/main",
-        ],
-    ));
-    ok(git(
-        &root.path().join("widgets.git"),
-        &["symbolic-ref", "HEAD", "refs/heads/main"],
-    ));
+    ok(git(&work, &["push", root.path().join("widgets.git").to_str().unwrap(), "HEAD:refs/heads/main"]));
+    ok(git(&root.path().join("widgets.git"), &["symbolic-ref", "HEAD", "refs/heads/main"]));
     root
 }
 
@@ -81,20 +55,9 @@ fn clone_fetch_and_push_through_the_proxy() {
         let dest = format!("clone-v{version}");
         ok(git(
             work.path(),
-            &[
-                "-c",
-                &format!("http.proxy={proxy}"),
-                "-c",
-                &format!("protocol.version={version}"),
-                "clone",
-                &url,
-                &dest,
-            ],
+            &["-c", &format!("http.proxy={proxy}"), "-c", &format!("protocol.version={version}"), "clone", &url, &dest],
         ));
-        assert_eq!(
-            std::fs::read_to_string(work.path().join(&dest).join("README")).unwrap(),
-            "widgets\n"
-        );
+        assert_eq!(std::fs::read_to_string(work.path().join(&dest).join("README")).unwrap(), "widgets\n");
     }
     let clone = work.path().join("clone-v2");
     ok(git(&clone, &["config", "http.proxy", &proxy]));
@@ -103,32 +66,17 @@ fn clone_fetch_and_push_through_the_proxy() {
     ok(git(&clone, &["commit", "-m", "change"]));
     ok(git(&clone, &["push", "origin", "HEAD:refs/heads/agent/x"]));
     ok(git(&clone, &["fetch", "origin"]));
-    let refs = ok(git(
-        &root.path().join("widgets.git"),
-        &["for-each-ref", "--format=%(refname)"],
-    ));
+    let refs = ok(git(&root.path().join("widgets.git"), &["for-each-ref", "--format=%(refname)"]));
     assert!(refs.contains("refs/heads/agent/x"), "{refs}");
 
     // Git protocol v2 travels as the Git-Protocol header.
     assert!(
-        origin.recorded().iter().any(|r| r
-            .headers
-            .iter()
-            .any(|(k, v)| k == "git-protocol" && v == "version=2")),
+        origin.recorded().iter().any(|r| r.headers.iter().any(|(k, v)| k == "git-protocol" && v == "version=2")),
         "Git-Protocol header forwarded"
     );
-    assert!(
-        origin
-            .recorded()
-            .iter()
-            .all(|r| !format!("{:?}", r.headers).contains(TOKEN_A))
-    );
+    assert!(origin.recorded().iter().all(|r| !format!("{:?}", r.headers).contains(TOKEN_A)));
     let logs = gw.access_logs();
-    assert!(
-        logs.iter()
-            .any(|l| l["method"] == "POST" && l["status"] == 200),
-        "{logs:?}"
-    );
+    assert!(logs.iter().any(|l| l["method"] == "POST" && l["status"] == 200), "{logs:?}");
     assert!(!gw.log_text().contains(TOKEN_A));
 }
 
@@ -149,10 +97,6 @@ fn clone_by_a_sandbox_without_the_host_fails_visibly() {
         ],
     );
     assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("403"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("403"), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(origin.recorded().is_empty());
 }

@@ -1,11 +1,6 @@
 //! Every shipped config and policy file loads, and the config CLI reports errors with
 //! the file, the key and what was expected.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests fail loudly"
-)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
 
 use std::path::Path;
 use std::process::Command;
@@ -44,17 +39,8 @@ fn every_shipped_config_and_policy_loads() {
 #[test]
 fn config_validate_cli() {
     let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gateway.toml");
-    let out = bin()
-        .args(["config", "validate", "--config"])
-        .arg(&good)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = bin().args(["config", "validate", "--config"]).arg(&good).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("valid"));
 
     let out = bin().args(["config", "validate"]).output().unwrap();
@@ -63,59 +49,29 @@ fn config_validate_cli() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("[proxy]\nlisen = \"0.0.0.0:1\"\n", "unknown field `lisen`"),
-        (
-            "[proxy]\nlisten = \"nope\"\n",
-            "proxy.listen: expected IP:PORT",
-        ),
-        (
-            "[proxy]\nheader_read_timeout = \"ten\"\n",
-            "header_read_timeout",
-        ),
-        (
-            "[egress]\ndeny = [\"10.0.0.0/33\"]\n",
-            "egress.deny[0]: expected",
-        ),
+        ("[proxy]\nlisten = \"nope\"\n", "proxy.listen: expected IP:PORT"),
+        ("[proxy]\nheader_read_timeout = \"ten\"\n", "header_read_timeout"),
+        ("[egress]\ndeny = [\"10.0.0.0/33\"]\n", "egress.deny[0]: expected"),
         ("[log]\nformat = \"xml\"\n", "log.format: expected"),
-        (
-            "[policy]\ndir = \"missing\"\n",
-            "policy.dir: expected a directory",
-        ),
+        ("[policy]\ndir = \"missing\"\n", "policy.dir: expected a directory"),
     ];
     for (text, expect) in cases {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, text).unwrap();
-        let out = bin()
-            .args(["config", "validate", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = bin().args(["config", "validate", "--config"]).arg(&path).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{text}: {err}");
-        assert!(
-            err.contains("bad.toml") && err.contains(expect),
-            "{text}: {err}"
-        );
+        assert!(err.contains("bad.toml") && err.contains(expect), "{text}: {err}");
     }
 
     std::fs::create_dir(dir.path().join("policy")).unwrap();
-    std::fs::write(
-        dir.path().join("policy/p.toml"),
-        "[policies.x]\nallow = [\"ok.example\", \"*.*.bad\"]\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("policy/p.toml"), "[policies.x]\nallow = [\"ok.example\", \"*.*.bad\"]\n").unwrap();
     let path = dir.path().join("gw.toml");
     std::fs::write(&path, "[policy]\ndir = \"policy\"\n").unwrap();
-    let out = bin()
-        .args(["config", "validate", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = bin().args(["config", "validate", "--config"]).arg(&path).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        err.contains("p.toml: policies.x.allow[1] (line 2)"),
-        "{err}"
-    );
+    assert!(err.contains("p.toml: policies.x.allow[1] (line 2)"), "{err}");
 }
 
 #[test]
@@ -136,14 +92,8 @@ fn token_cli_hashes_and_generates() {
 
     let out = bin().args(["token", "generate"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let token = text
-        .lines()
-        .find_map(|l| l.strip_prefix("token        = "))
-        .unwrap();
-    let hash = text
-        .lines()
-        .find_map(|l| l.strip_prefix("token_sha256 = "))
-        .unwrap();
+    let token = text.lines().find_map(|l| l.strip_prefix("token        = ")).unwrap();
+    let hash = text.lines().find_map(|l| l.strip_prefix("token_sha256 = ")).unwrap();
     assert_eq!(hash, hex::encode(egress_gateway::auth::token_sha256(token)));
     assert!(token.len() >= 40);
 }

@@ -6,30 +6,16 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
-    Read {
-        file: DisplayPath,
-        source: std::io::Error,
-    },
+    Read { file: DisplayPath, source: std::io::Error },
     #[error("{file}: {source}")]
-    Toml {
-        file: DisplayPath,
-        source: Box<toml::de::Error>,
-    },
+    Toml { file: DisplayPath, source: Box<toml::de::Error> },
     #[error("{file}: {key}: {message}")]
-    Invalid {
-        file: DisplayPath,
-        key: String,
-        message: String,
-    },
+    Invalid { file: DisplayPath, key: String, message: String },
 }
 
 impl ConfigError {
     pub fn invalid(file: &DisplayPath, key: impl Into<String>, message: impl fmt::Display) -> Self {
-        ConfigError::Invalid {
-            file: file.clone(),
-            key: key.into(),
-            message: message.to_string(),
-        }
+        ConfigError::Invalid { file: file.clone(), key: key.into(), message: message.to_string() }
     }
 }
 

@@ -22,10 +22,7 @@ struct Source {
 
 impl Source {
     fn line_of(&self, offset: usize) -> usize {
-        self.text
-            .get(..offset)
-            .map_or(0, |s| s.matches('\n').count())
-            + 1
+        self.text.get(..offset).map_or(0, |s| s.matches('\n').count()) + 1
     }
 }
 
@@ -37,19 +34,13 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
                 return Err(ConfigError::invalid(
                     &config.file,
                     "policy.dir",
-                    format!(
-                        "expected a directory of policy files, {} is not one",
-                        dir.display()
-                    ),
+                    format!("expected a directory of policy files, {} is not one", dir.display()),
                 ));
             }
             read_dir(dir)?
         }
         PolicySource::Inline { label, text } => {
-            vec![Source {
-                file: DisplayPath(label.clone()),
-                text: text.clone(),
-            }]
+            vec![Source { file: DisplayPath(label.clone()), text: text.clone() }]
         }
     };
     compile(&sources, config.policy.mode, &config.egress.ports)
@@ -57,10 +48,7 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
 
 /// The `*.toml` files of `dir`, sorted by name so that load order is stable.
 pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::Read {
-        file: dir.into(),
-        source: e,
-    })?;
+    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::Read { file: dir.into(), source: e })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
@@ -73,32 +61,21 @@ fn read_dir(dir: &Path) -> Result<Vec<Source>, ConfigError> {
     policy_files(dir)?
         .into_iter()
         .map(|path| {
-            let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::Read {
-                file: (&path).into(),
-                source: e,
-            })?;
-            Ok(Source {
-                file: (&path).into(),
-                text,
-            })
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| ConfigError::Read { file: (&path).into(), source: e })?;
+            Ok(Source { file: (&path).into(), text })
         })
         .collect()
 }
 
-fn compile(
-    sources: &[Source],
-    default_mode: Mode,
-    ports: &[u16],
-) -> Result<PolicySet, ConfigError> {
+fn compile(sources: &[Source], default_mode: Mode, ports: &[u16]) -> Result<PolicySet, ConfigError> {
     let mut policies: HashMap<String, Arc<Policy>> = HashMap::new();
     let mut defined_in: HashMap<String, DisplayPath> = HashMap::new();
     let mut pending_sandboxes: Vec<(&Source, Spanned<RawSandbox>)> = Vec::new();
 
     for src in sources {
-        let raw: RawPolicyFile = toml::from_str(&src.text).map_err(|e| ConfigError::Toml {
-            file: src.file.clone(),
-            source: Box::new(e),
-        })?;
+        let raw: RawPolicyFile =
+            toml::from_str(&src.text).map_err(|e| ConfigError::Toml { file: src.file.clone(), source: Box::new(e) })?;
         for (name, def) in raw.policies {
             if !valid_name(&name) {
                 return Err(ConfigError::invalid(
@@ -115,19 +92,12 @@ fn compile(
                 ));
             }
             let mut b = Policy::builder(&name, def.mode.unwrap_or(default_mode), ports);
-            for (list, key, rules) in [
-                (RuleList::Deny, "deny", &def.deny),
-                (RuleList::Allow, "allow", &def.allow),
-            ] {
+            for (list, key, rules) in [(RuleList::Deny, "deny", &def.deny), (RuleList::Allow, "allow", &def.allow)] {
                 for (i, rule) in rules.iter().enumerate() {
                     let line = src.line_of(rule.span().start);
                     let location = format!("{}:{line}", src.file);
                     b.add(list, rule.get_ref(), &location).map_err(|e| {
-                        ConfigError::invalid(
-                            &src.file,
-                            format!("policies.{name}.{key}[{i}] (line {line})"),
-                            e,
-                        )
+                        ConfigError::invalid(&src.file, format!("policies.{name}.{key}[{i}] (line {line})"), e)
                     })?;
                 }
             }
@@ -150,46 +120,21 @@ fn compile(
             ));
         }
         let hash = parse_sha256(&s.token_sha256).ok_or_else(|| {
-            ConfigError::invalid(
-                &src.file,
-                key("token_sha256"),
-                "expected 64 hex digits (egress-gateway token hash)",
-            )
+            ConfigError::invalid(&src.file, key("token_sha256"), "expected 64 hex digits (egress-gateway token hash)")
         })?;
         let policy = policies.get(&s.policy).cloned().ok_or_else(|| {
-            ConfigError::invalid(
-                &src.file,
-                key("policy"),
-                format!("no policy named {:?} is defined", s.policy),
-            )
+            ConfigError::invalid(&src.file, key("policy"), format!("no policy named {:?} is defined", s.policy))
         })?;
         if sandboxes.contains_key(&s.id) {
-            return Err(ConfigError::invalid(
-                &src.file,
-                key("id"),
-                "sandbox id defined twice",
-            ));
+            return Err(ConfigError::invalid(&src.file, key("id"), "sandbox id defined twice"));
         }
-        sandboxes.insert(
-            s.id.clone(),
-            Sandbox {
-                id: s.id,
-                token_sha256: hash,
-                policy,
-            },
-        );
+        sandboxes.insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy });
     }
-    Ok(PolicySet {
-        policies,
-        sandboxes,
-    })
+    Ok(PolicySet { policies, sandboxes })
 }
 
 fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn parse_sha256(s: &str) -> Option<[u8; 32]> {
@@ -203,14 +148,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<PolicySet, ConfigError> {
-        compile(
-            &[Source {
-                file: DisplayPath("p.toml".into()),
-                text: text.into(),
-            }],
-            Mode::Enforce,
-            &[80, 443],
-        )
+        compile(&[Source { file: DisplayPath("p.toml".into()), text: text.into() }], Mode::Enforce, &[80, 443])
     }
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
@@ -228,35 +166,17 @@ mod tests {
 
     #[test]
     fn errors_name_file_key_and_expectation() {
-        let e = load("[policies.p]\nallow = [\"ok.com\",\n  \"*\"]\n")
+        let e = load("[policies.p]\nallow = [\"ok.com\",\n  \"*\"]\n").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml: policies.p.allow[1] (line 3):"), "{e}");
+        let e = load("[policies.p]\nalow = []\n").unwrap_err().to_string();
+        assert!(e.contains("p.toml") && e.contains("unknown field `alow`"), "{e}");
+        let e = load(&format!("[[sandboxes]]\nid = \"s\"\ntoken_sha256 = \"{HASH}\"\npolicy = \"nope\"\n"))
             .unwrap_err()
             .to_string();
-        assert!(
-            e.starts_with("p.toml: policies.p.allow[1] (line 3):"),
-            "{e}"
-        );
-        let e = load("[policies.p]\nalow = []\n").unwrap_err().to_string();
-        assert!(
-            e.contains("p.toml") && e.contains("unknown field `alow`"),
-            "{e}"
-        );
-        let e = load(&format!(
-            "[[sandboxes]]\nid = \"s\"\ntoken_sha256 = \"{HASH}\"\npolicy = \"nope\"\n"
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("sandboxes[id=\"s\"].policy") && e.contains("no policy named \"nope\""),
-            "{e}"
-        );
-        let e = load(
-            "[policies.p]\n[[sandboxes]]\nid = \"s\"\ntoken_sha256 = \"xyz\"\npolicy = \"p\"\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("token_sha256") && e.contains("64 hex digits"),
-            "{e}"
-        );
+        assert!(e.contains("sandboxes[id=\"s\"].policy") && e.contains("no policy named \"nope\""), "{e}");
+        let e = load("[policies.p]\n[[sandboxes]]\nid = \"s\"\ntoken_sha256 = \"xyz\"\npolicy = \"p\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("token_sha256") && e.contains("64 hex digits"), "{e}");
     }
 }

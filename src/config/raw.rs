@@ -69,10 +69,7 @@ pub struct RawLog {
 
 impl Default for RawLog {
     fn default() -> Self {
-        RawLog {
-            format: "auto".to_string(),
-            level: "info".to_string(),
-        }
+        RawLog { format: "auto".to_string(), level: "info".to_string() }
     }
 }
 
@@ -108,11 +105,7 @@ pub struct RawEgress {
 
 impl Default for RawEgress {
     fn default() -> Self {
-        RawEgress {
-            deny: vec!["builtin".to_string()],
-            allow: Vec::new(),
-            ports: vec![80, 443],
-        }
+        RawEgress { deny: vec!["builtin".to_string()], allow: Vec::new(), ports: vec![80, 443] }
     }
 }
 
@@ -125,10 +118,7 @@ pub struct RawPolicySection {
 
 impl Default for RawPolicySection {
     fn default() -> Self {
-        RawPolicySection {
-            dir: "policy".to_string(),
-            mode: Mode::Enforce,
-        }
+        RawPolicySection { dir: "policy".to_string(), mode: Mode::Enforce }
     }
 }
 

@@ -121,27 +121,15 @@ const MIN_HEADER_BYTES: usize = 1024;
 const MAX_HEADER_BYTES: usize = 1024 * 1024;
 
 /// Validates `raw`, read from `file`; relative paths are resolved against `base_dir`.
-pub fn validate(
-    raw: RawConfig,
-    file: &DisplayPath,
-    base_dir: &Path,
-) -> Result<Config, ConfigError> {
+pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<Config, ConfigError> {
     let err = |key: &str, msg: &dyn std::fmt::Display| ConfigError::invalid(file, key, msg);
 
     let p = raw.proxy;
-    let listen: SocketAddr = p.listen.parse().map_err(|_| {
-        err(
-            "proxy.listen",
-            &format!("expected IP:PORT, got {:?}", p.listen),
-        )
-    })?;
+    let listen: SocketAddr =
+        p.listen.parse().map_err(|_| err("proxy.listen", &format!("expected IP:PORT, got {:?}", p.listen)))?;
     positive(file, "proxy.header_read_timeout", p.header_read_timeout)?;
     positive(file, "proxy.connect_timeout", p.connect_timeout)?;
-    positive(
-        file,
-        "proxy.response_header_timeout",
-        p.response_header_timeout,
-    )?;
+    positive(file, "proxy.response_header_timeout", p.response_header_timeout)?;
     positive(file, "proxy.tunnel_idle_timeout", p.tunnel_idle_timeout)?;
     if p.max_connections == 0 {
         return Err(err("proxy.max_connections", &"expected at least 1"));
@@ -149,17 +137,11 @@ pub fn validate(
     if !(MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&p.max_header_bytes) {
         return Err(err(
             "proxy.max_header_bytes",
-            &format!(
-                "expected {MIN_HEADER_BYTES} to {MAX_HEADER_BYTES}, got {}",
-                p.max_header_bytes
-            ),
+            &format!("expected {MIN_HEADER_BYTES} to {MAX_HEADER_BYTES}, got {}", p.max_header_bytes),
         ));
     }
     if !(8..=10_000).contains(&p.max_headers) {
-        return Err(err(
-            "proxy.max_headers",
-            &format!("expected 8 to 10000, got {}", p.max_headers),
-        ));
+        return Err(err("proxy.max_headers", &format!("expected 8 to 10000, got {}", p.max_headers)));
     }
     let proxy = ProxyConfig {
         listen,
@@ -178,22 +160,13 @@ pub fn validate(
         "json" => LogFormat::Json,
         "text" => LogFormat::Text,
         other => {
-            return Err(err(
-                "log.format",
-                &format!("expected \"auto\", \"json\" or \"text\", got {other:?}"),
-            ));
+            return Err(err("log.format", &format!("expected \"auto\", \"json\" or \"text\", got {other:?}")));
         }
     };
     if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
-        return Err(err(
-            "log.level",
-            &format!("expected a level such as \"info\", got {:?}", raw.log.level),
-        ));
+        return Err(err("log.level", &format!("expected a level such as \"info\", got {:?}", raw.log.level)));
     }
-    let log = LogConfig {
-        format,
-        level: raw.log.level,
-    };
+    let log = LogConfig { format, level: raw.log.level };
 
     let r = raw.resolver;
     let mut nameservers = Vec::with_capacity(r.nameservers.len());
@@ -201,25 +174,16 @@ pub fn validate(
         let addr = ns
             .parse::<SocketAddr>()
             .or_else(|_| ns.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-            .map_err(|_| {
-                err(
-                    &format!("resolver.nameservers[{i}]"),
-                    &format!("expected IP or IP:PORT, got {ns:?}"),
-                )
-            })?;
+            .map_err(|_| err(&format!("resolver.nameservers[{i}]"), &format!("expected IP or IP:PORT, got {ns:?}")))?;
         nameservers.push(addr);
     }
     let mut hosts = HashMap::new();
     for (name, addrs) in r.hosts {
         let key = format!("resolver.hosts.{name:?}");
-        let norm = addr::normalize_hostname(&name)
-            .map_err(|e| err(&key, &format!("invalid hostname: {e}")))?;
+        let norm = addr::normalize_hostname(&name).map_err(|e| err(&key, &format!("invalid hostname: {e}")))?;
         let mut ips = Vec::with_capacity(addrs.len());
         for a in &addrs {
-            ips.push(
-                a.parse::<IpAddr>()
-                    .map_err(|_| err(&key, &format!("expected IP addresses, got {a:?}")))?,
-            );
+            ips.push(a.parse::<IpAddr>().map_err(|_| err(&key, &format!("expected IP addresses, got {a:?}")))?);
         }
         if ips.is_empty() {
             return Err(err(&key, &"expected at least one address"));
@@ -227,12 +191,7 @@ pub fn validate(
         hosts.insert(norm, ips);
     }
     positive(file, "resolver.timeout", r.timeout)?;
-    let resolver = ResolverConfig {
-        nameservers,
-        hosts,
-        hosts_file: r.hosts_file,
-        timeout: r.timeout,
-    };
+    let resolver = ResolverConfig { nameservers, hosts, hosts_file: r.hosts_file, timeout: r.timeout };
 
     let mut deny = Vec::new();
     for (i, d) in raw.egress.deny.iter().enumerate() {
@@ -249,42 +208,20 @@ pub fn validate(
     if raw.egress.ports.contains(&0) {
         return Err(err("egress.ports", &"expected ports 1-65535, got 0"));
     }
-    let egress = EgressConfig {
-        filter: EgressFilter::new(deny, allow),
-        ports: raw.egress.ports,
-    };
+    let egress = EgressConfig { filter: EgressFilter::new(deny, allow), ports: raw.egress.ports };
 
     let dir = PathBuf::from(&raw.policy.dir);
-    let dir = if dir.is_absolute() {
-        dir
-    } else {
-        base_dir.join(dir)
-    };
-    let policy = PolicyConfig {
-        source: PolicySource::Dir(dir),
-        mode: raw.policy.mode,
-    };
+    let dir = if dir.is_absolute() { dir } else { base_dir.join(dir) };
+    let policy = PolicyConfig { source: PolicySource::Dir(dir), mode: raw.policy.mode };
 
     let dns = raw.dns.map(|d| validate_dns(d, file)).transpose()?;
 
-    Ok(Config {
-        file: file.clone(),
-        proxy,
-        log,
-        resolver,
-        egress,
-        policy,
-        dns,
-    })
+    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns })
 }
 
 fn positive(file: &DisplayPath, key: &str, d: Duration) -> Result<(), ConfigError> {
     if d.is_zero() {
-        return Err(ConfigError::invalid(
-            file,
-            key,
-            "expected a duration above zero, such as \"10s\"",
-        ));
+        return Err(ConfigError::invalid(file, key, "expected a duration above zero, such as \"10s\""));
     }
     Ok(())
 }
@@ -297,63 +234,40 @@ fn parse_net(s: &str) -> Result<IpNet, String> {
 
 fn validate_dns(d: super::raw::RawDns, file: &DisplayPath) -> Result<DnsConfig, ConfigError> {
     let err = |key: &str, msg: String| ConfigError::invalid(file, key, msg);
-    let listen = d.listen.parse().map_err(|_| {
-        err(
-            "dns.listen",
-            format!("expected IP:PORT, got {:?}", d.listen),
-        )
-    })?;
+    let listen = d.listen.parse().map_err(|_| err("dns.listen", format!("expected IP:PORT, got {:?}", d.listen)))?;
     if d.hostnames.is_empty() {
-        return Err(err(
-            "dns.hostnames",
-            "expected at least one hostname (the gateway's own name)".into(),
-        ));
+        return Err(err("dns.hostnames", "expected at least one hostname (the gateway's own name)".into()));
     }
     let mut hostnames = Vec::with_capacity(d.hostnames.len());
     for (i, h) in d.hostnames.iter().enumerate() {
-        let n = addr::normalize_hostname(h).map_err(|e| {
-            err(
-                &format!("dns.hostnames[{i}]"),
-                format!("expected a hostname, got {h:?}: {e}"),
-            )
-        })?;
+        let n = addr::normalize_hostname(h)
+            .map_err(|e| err(&format!("dns.hostnames[{i}]"), format!("expected a hostname, got {h:?}: {e}")))?;
         hostnames.push(n);
     }
     let mut addresses = Vec::with_capacity(d.addresses.len());
     for (i, a) in d.addresses.iter().enumerate() {
-        addresses.push(a.parse::<IpAddr>().map_err(|_| {
-            err(
-                &format!("dns.addresses[{i}]"),
-                format!("expected an IP address, got {a:?}"),
-            )
-        })?);
+        addresses.push(
+            a.parse::<IpAddr>()
+                .map_err(|_| err(&format!("dns.addresses[{i}]"), format!("expected an IP address, got {a:?}")))?,
+        );
     }
     let blocked = match d.blocked.as_str() {
         "nxdomain" => BlockMode::NxDomain,
         "nodata" => BlockMode::NoData,
         "refused" => BlockMode::Refused,
         other => {
-            return Err(err(
-                "dns.blocked",
-                format!("expected \"nxdomain\", \"nodata\" or \"refused\", got {other:?}"),
-            ));
+            return Err(err("dns.blocked", format!("expected \"nxdomain\", \"nodata\" or \"refused\", got {other:?}")));
         }
     };
     let rate_limit_action = match d.rate_limit_action.as_str() {
         "drop" => RateLimitAction::Drop,
         "refused" => RateLimitAction::Refused,
         other => {
-            return Err(err(
-                "dns.rate_limit_action",
-                format!("expected \"drop\" or \"refused\", got {other:?}"),
-            ));
+            return Err(err("dns.rate_limit_action", format!("expected \"drop\" or \"refused\", got {other:?}")));
         }
     };
     if d.rate_limit_qps > 0 && d.rate_limit_burst == 0 {
-        return Err(err(
-            "dns.rate_limit_burst",
-            "expected at least 1 when dns.rate_limit_qps is set".into(),
-        ));
+        return Err(err("dns.rate_limit_burst", "expected at least 1 when dns.rate_limit_qps is set".into()));
     }
     if d.tcp_max_connections == 0 {
         return Err(err("dns.tcp_max_connections", "expected at least 1".into()));

@@ -82,13 +82,7 @@ struct Plan {
 
 impl Plan {
     fn error(outcome: Outcome, rcode: ResponseCode) -> Self {
-        Plan {
-            outcome,
-            rcode,
-            authoritative: false,
-            answers: Vec::new(),
-            with_soa: false,
-        }
+        Plan { outcome, rcode, authoritative: false, answers: Vec::new(), with_soa: false }
     }
 }
 
@@ -97,8 +91,7 @@ impl Firewall {
         let mut names = HashSet::new();
         let mut ancestors = HashSet::new();
         for h in &cfg.hostnames {
-            let name = Name::from_ascii(format!("{h}."))
-                .map_err(|e| format!("dns.hostnames: {h:?}: {e}"))?;
+            let name = Name::from_ascii(format!("{h}.")).map_err(|e| format!("dns.hostnames: {h:?}: {e}"))?;
             let mut parent = name.base_name();
             names.insert(LowerName::from(name));
             loop {
@@ -111,31 +104,16 @@ impl Firewall {
         }
         // A configured name is never also treated as a bare ancestor.
         ancestors.retain(|a| !names.contains(a));
-        let primary = cfg
-            .hostnames
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "gateway.invalid".into());
+        let primary = cfg.hostnames.first().cloned().unwrap_or_else(|| "gateway.invalid".into());
         let mname = Name::from_ascii(format!("{primary}.")).map_err(|e| e.to_string())?;
-        let rname =
-            Name::from_ascii(format!("hostmaster.{primary}.")).map_err(|e| e.to_string())?;
+        let rname = Name::from_ascii(format!("hostmaster.{primary}.")).map_err(|e| e.to_string())?;
         let soa = SOA::new(mname, rname, 1, 3600, 600, 86400, cfg.negative_ttl);
         let soa = Record::from_rdata(Name::root(), cfg.negative_ttl, RData::SOA(soa));
         Ok(Firewall {
             names,
             ancestors,
-            v4: cfg
-                .addresses
-                .iter()
-                .copied()
-                .filter(IpAddr::is_ipv4)
-                .collect(),
-            v6: cfg
-                .addresses
-                .iter()
-                .copied()
-                .filter(IpAddr::is_ipv6)
-                .collect(),
+            v4: cfg.addresses.iter().copied().filter(IpAddr::is_ipv4).collect(),
+            v6: cfg.addresses.iter().copied().filter(IpAddr::is_ipv6).collect(),
             ttl: cfg.ttl,
             blocked: cfg.blocked,
             soa,
@@ -147,7 +125,7 @@ impl Firewall {
 
     /// Decides the answer to `request`; pure apart from the rate limiter and sampler.
     fn plan(&self, request: &Request) -> Plan {
-        if !self.limiter.allow(request.src().ip(), Instant::now()) {
+        if self.limiter.enabled() && !self.limiter.allow(request.src().ip(), Instant::now()) {
             return Plan::error(Outcome::RateLimited, ResponseCode::Refused);
         }
         if request.metadata.op_code != OpCode::Query {
@@ -161,9 +139,7 @@ impl Firewall {
             return Plan::error(Outcome::FormErr, ResponseCode::FormErr);
         };
         let qtype = query.query_type();
-        if query.query_class() != DNSClass::IN
-            || matches!(qtype, RecordType::AXFR | RecordType::IXFR)
-        {
+        if query.query_class() != DNSClass::IN || matches!(qtype, RecordType::AXFR | RecordType::IXFR) {
             return Plan::error(Outcome::Refused, ResponseCode::Refused);
         }
         let name = query.name();
@@ -177,19 +153,9 @@ impl Firewall {
                 RecordType::ANY => self.records(owner, &self.v6[..self.v6.len().min(1)]),
                 _ => Vec::new(),
             };
-            let outcome = if answers.is_empty() {
-                Outcome::NoData
-            } else {
-                Outcome::Answered
-            };
+            let outcome = if answers.is_empty() { Outcome::NoData } else { Outcome::Answered };
             let with_soa = answers.is_empty();
-            return Plan {
-                outcome,
-                rcode: ResponseCode::NoError,
-                authoritative: true,
-                answers,
-                with_soa,
-            };
+            return Plan { outcome, rcode: ResponseCode::NoError, authoritative: true, answers, with_soa };
         }
         if self.ancestors.contains(name) {
             return Plan {
@@ -214,13 +180,7 @@ impl Firewall {
             BlockMode::NoData => (ResponseCode::NoError, true),
             BlockMode::Refused => (ResponseCode::Refused, false),
         };
-        Plan {
-            outcome: Outcome::Blocked,
-            rcode,
-            authoritative: with_soa,
-            answers: Vec::new(),
-            with_soa,
-        }
+        Plan { outcome: Outcome::Blocked, rcode, authoritative: with_soa, answers: Vec::new(), with_soa }
     }
 
     fn records(&self, owner: &Name, ips: &[IpAddr]) -> Vec<Record> {
@@ -237,23 +197,13 @@ impl Firewall {
 
     /// Answers one request through `response`, returning what was sent (or, for a
     /// dropped query, the header that would have been).
-    pub async fn respond<R: ResponseHandler>(
-        &self,
-        request: &Request,
-        mut response: R,
-    ) -> (Outcome, ResponseInfo) {
+    pub async fn respond<R: ResponseHandler>(&self, request: &Request, mut response: R) -> (Outcome, ResponseInfo) {
         let plan = self.plan(request);
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.response_code = plan.rcode;
         metadata.authoritative = plan.authoritative;
         if plan.outcome == Outcome::RateLimited && self.limit_action == RateLimitAction::Drop {
-            return (
-                plan.outcome,
-                ResponseInfo::from(Header {
-                    metadata,
-                    counts: HeaderCounts::default(),
-                }),
-            );
+            return (plan.outcome, ResponseInfo::from(Header { metadata, counts: HeaderCounts::default() }));
         }
         let edns = request.edns.as_ref().map(|client| {
             let mut e = Edns::new();
@@ -272,38 +222,83 @@ impl Firewall {
             Err(e) => {
                 tracing::debug!(error = %e, client_addr = %request.src(), "dns response not sent");
                 metadata.response_code = ResponseCode::ServFail;
-                (
-                    plan.outcome,
-                    ResponseInfo::from(Header {
-                        metadata,
-                        counts: HeaderCounts::default(),
-                    }),
-                )
+                (plan.outcome, ResponseInfo::from(Header { metadata, counts: HeaderCounts::default() }))
             }
         }
     }
 }
 
-/// The hickory handler: a shared [`Firewall`] plus metrics.
+/// The hickory handler: a shared [`Firewall`] plus metric handles resolved once, so
+/// counting a query does not build label sets per query.
 #[derive(Clone)]
-pub struct Handler(pub std::sync::Arc<Firewall>);
+pub struct Handler {
+    firewall: std::sync::Arc<Firewall>,
+    metrics: std::sync::Arc<DnsMetrics>,
+}
+
+impl Handler {
+    /// Call after the metrics recorder is installed: handles bind to it here.
+    pub fn new(firewall: Firewall) -> Self {
+        Handler { firewall: std::sync::Arc::new(firewall), metrics: std::sync::Arc::new(DnsMetrics::new()) }
+    }
+}
+
+const OUTCOMES: [Outcome; 7] = [
+    Outcome::Answered,
+    Outcome::NoData,
+    Outcome::Blocked,
+    Outcome::Refused,
+    Outcome::FormErr,
+    Outcome::NotImp,
+    Outcome::RateLimited,
+];
+
+struct DnsMetrics {
+    /// `[transport][outcome]`, transport 0 = udp, 1 = tcp.
+    queries: [[::metrics::Counter; 7]; 2],
+    duration: [::metrics::Histogram; 2],
+}
+
+impl DnsMetrics {
+    fn new() -> Self {
+        let per = |t: &'static str| {
+            OUTCOMES.map(|o| ::metrics::counter!(metrics::DNS_QUERIES, "result" => o.as_str(), "transport" => t))
+        };
+        DnsMetrics {
+            queries: [per("udp"), per("tcp")],
+            duration: [
+                ::metrics::histogram!(metrics::DNS_DURATION, "transport" => "udp"),
+                ::metrics::histogram!(metrics::DNS_DURATION, "transport" => "tcp"),
+            ],
+        }
+    }
+
+    fn record(&self, tcp: bool, outcome: Outcome, seconds: f64) {
+        let t = usize::from(tcp);
+        let o = OUTCOMES.iter().position(|x| *x == outcome).unwrap_or(0);
+        self.queries[t][o].increment(1);
+        self.duration[t].record(seconds);
+    }
+
+    /// A query answered FORMERR before it reached the handler (unparseable).
+    pub fn formerr(&self, tcp: bool) {
+        self.queries[usize::from(tcp)][4].increment(1);
+    }
+}
+
+impl Handler {
+    /// Counts a query that could not be parsed and was answered FORMERR directly.
+    pub fn count_unparseable(&self, tcp: bool) {
+        self.metrics.formerr(tcp);
+    }
+}
 
 #[async_trait::async_trait]
 impl RequestHandler for Handler {
-    async fn handle_request<R: ResponseHandler, T: Time>(
-        &self,
-        request: &Request,
-        response: R,
-    ) -> ResponseInfo {
+    async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
         let started = Instant::now();
-        let transport = match request.protocol() {
-            Protocol::Tcp => "tcp",
-            _ => "udp",
-        };
-        let (outcome, info) = self.0.respond(request, response).await;
-        ::metrics::counter!(metrics::DNS_QUERIES, "result" => outcome.as_str(), "transport" => transport).increment(1);
-        ::metrics::histogram!(metrics::DNS_DURATION, "transport" => transport)
-            .record(started.elapsed().as_secs_f64());
+        let (outcome, info) = self.firewall.respond(request, response).await;
+        self.metrics.record(request.protocol() == Protocol::Tcp, outcome, started.elapsed().as_secs_f64());
         info
     }
 }

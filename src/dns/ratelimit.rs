@@ -27,11 +27,11 @@ impl RateLimiter {
     /// `rate` queries per second per source, bursts up to `burst`. `rate == 0` means no
     /// limit.
     pub fn new(rate: u32, burst: u32) -> Self {
-        RateLimiter {
-            rate: f64::from(rate),
-            burst: f64::from(burst),
-            buckets: Mutex::new(HashMap::new()),
-        }
+        RateLimiter { rate: f64::from(rate), burst: f64::from(burst), buckets: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.rate > 0.0
     }
 
     /// Takes one token for `src`; false when the source is over its rate.
@@ -49,10 +49,7 @@ impl RateLimiter {
                 return false;
             }
         }
-        let b = buckets.entry(src).or_insert(Bucket {
-            tokens: self.burst,
-            last: now,
-        });
+        let b = buckets.entry(src).or_insert(Bucket { tokens: self.burst, last: now });
         let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
         b.tokens = (b.tokens + elapsed * self.rate).min(self.burst);
         b.last = now;
@@ -114,10 +111,7 @@ mod tests {
         let b: IpAddr = "127.0.0.2".parse().unwrap();
         assert_eq!((0..20).filter(|_| rl.allow(a, t0)).count(), 5);
         assert!(rl.allow(b, t0), "another source is unaffected");
-        assert!(
-            rl.allow(a, t0 + Duration::from_millis(150)),
-            "refills at 10/s"
-        );
+        assert!(rl.allow(a, t0 + Duration::from_millis(150)), "refills at 10/s");
         assert!(RateLimiter::new(0, 0).allow(a, t0));
     }
 

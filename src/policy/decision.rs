@@ -118,13 +118,8 @@ impl fmt::Display for RuleSource {
 /// What the policy says about one target. Borrowed from the policy: no allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict<'p> {
-    Allow {
-        rule: &'p RuleSource,
-    },
-    Deny {
-        reason: DenyReason,
-        rule: Option<&'p RuleSource>,
-    },
+    Allow { rule: &'p RuleSource },
+    Deny { reason: DenyReason, rule: Option<&'p RuleSource> },
 }
 
 /// A verdict together with the policy mode: in report mode a deny verdict is let

@@ -39,10 +39,7 @@ impl HostRules {
     /// then suffix entries from the nearest parent outwards.
     pub fn matching<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a HostEntry> + 'a {
         let exact = self.exact.get(name).into_iter().flatten();
-        let parents = name
-            .match_indices('.')
-            .filter_map(move |(i, _)| self.suffix.get(&name[i + 1..]))
-            .flatten();
+        let parents = name.match_indices('.').filter_map(move |(i, _)| self.suffix.get(&name[i + 1..])).flatten();
         exact.chain(parents)
     }
 }
@@ -52,10 +49,7 @@ mod tests {
     use super::*;
 
     fn entry(rule: usize) -> HostEntry {
-        HostEntry {
-            ports: PortSpec::Any,
-            rule,
-        }
+        HostEntry { ports: PortSpec::Any, rule }
     }
 
     #[test]

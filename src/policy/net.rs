@@ -95,10 +95,7 @@ impl EgressFilter {
             return Ok(ip);
         }
         match self.deny.iter().find(|n| n.contains(&ip)) {
-            Some(net) => Err(AddressDenied {
-                addr: ip,
-                net: *net,
-            }),
+            Some(net) => Err(AddressDenied { addr: ip, net: *net }),
             None => Ok(ip),
         }
     }
@@ -171,11 +168,7 @@ mod tests {
         ] {
             assert!(!vet(&f, bad), "{bad} must be refused");
         }
-        for good in [
-            "93.184.215.14",
-            "2606:2800:21f:cb07:6820:80da:af6b:8b2c",
-            "::ffff:93.184.215.14",
-        ] {
+        for good in ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c", "::ffff:93.184.215.14"] {
             assert!(vet(&f, good), "{good} must pass");
         }
     }
@@ -183,10 +176,7 @@ mod tests {
     #[test]
     fn allow_exceptions_and_canonical_form() {
         let f = EgressFilter::new(builtin_deny(), vec!["127.0.0.1/32".parse().unwrap()]);
-        assert_eq!(
-            f.vet("::ffff:127.0.0.1".parse().unwrap()),
-            Ok("127.0.0.1".parse().unwrap())
-        );
+        assert_eq!(f.vet("::ffff:127.0.0.1".parse().unwrap()), Ok("127.0.0.1".parse().unwrap()));
         assert!(!vet(&f, "127.0.0.2"));
     }
 }

@@ -63,44 +63,29 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
         Some("*") => PortSpec::Any,
         Some(p) => PortSpec::One(addr::parse_port(p).map_err(|_| RuleError::Port(p.to_string()))?),
     };
-    Ok(Rule {
-        pattern: parse_pattern(host)?,
-        ports,
-    })
+    Ok(Rule { pattern: parse_pattern(host)?, ports })
 }
 
 fn split_port(text: &str) -> Result<(&str, Option<&str>), RuleError> {
     if let Some(rest) = text.strip_prefix('[') {
-        let end = rest
-            .find(']')
-            .ok_or_else(|| RuleError::Net(text.to_string()))?;
+        let end = rest.find(']').ok_or_else(|| RuleError::Net(text.to_string()))?;
         let after = &rest[end + 1..];
         let port = match after {
             "" => None,
-            _ => Some(
-                after
-                    .strip_prefix(':')
-                    .ok_or_else(|| RuleError::Net(text.to_string()))?,
-            ),
+            _ => Some(after.strip_prefix(':').ok_or_else(|| RuleError::Net(text.to_string()))?),
         };
         return Ok((&text[..end + 2], port));
     }
     match text.matches(':').count() {
         0 => Ok((text, None)),
-        1 => text
-            .split_once(':')
-            .map(|(h, p)| (h, Some(p)))
-            .ok_or(RuleError::Empty),
+        1 => text.split_once(':').map(|(h, p)| (h, Some(p))).ok_or(RuleError::Empty),
         // Unbracketed IPv6 address or network: no port possible.
         _ => Ok((text, None)),
     }
 }
 
 fn parse_pattern(host: &str) -> Result<HostPattern, RuleError> {
-    let unbracketed = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
+    let unbracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     if unbracketed.contains('/') || unbracketed.contains(':') {
         return parse_net(unbracketed).map(HostPattern::Net);
     }
@@ -132,9 +117,9 @@ fn parse_net(s: &str) -> Result<IpNet, RuleError> {
         return Ok(canonical_net(net));
     }
     match s.parse::<IpAddr>() {
-        Ok(IpAddr::V4(_)) => addr::parse_dotted_quad(s)
-            .map(|a| IpNet::from(IpAddr::V4(a)))
-            .map_err(|_| RuleError::Net(s.to_string())),
+        Ok(IpAddr::V4(_)) => {
+            addr::parse_dotted_quad(s).map(|a| IpNet::from(IpAddr::V4(a))).map_err(|_| RuleError::Net(s.to_string()))
+        }
         Ok(ip) => Ok(canonical_net(IpNet::from(ip))),
         Err(_) => Err(RuleError::Net(s.to_string())),
     }
@@ -159,35 +144,17 @@ mod tests {
     #[test]
     fn forms() {
         let r = parse_rule("PyPI.org").unwrap();
-        assert_eq!(
-            r,
-            Rule {
-                pattern: HostPattern::Exact("pypi.org".into()),
-                ports: PortSpec::Default
-            }
-        );
+        assert_eq!(r, Rule { pattern: HostPattern::Exact("pypi.org".into()), ports: PortSpec::Default });
         let r = parse_rule("*.githubusercontent.com:443").unwrap();
-        assert_eq!(
-            r.pattern,
-            HostPattern::Suffix("githubusercontent.com".into())
-        );
+        assert_eq!(r.pattern, HostPattern::Suffix("githubusercontent.com".into()));
         assert_eq!(r.ports, PortSpec::One(443));
         assert_eq!(parse_rule("a.com:*").unwrap().ports, PortSpec::Any);
         let r = parse_rule("198.51.100.0/24:*").unwrap();
-        assert_eq!(
-            r.pattern,
-            HostPattern::Net("198.51.100.0/24".parse().unwrap())
-        );
+        assert_eq!(r.pattern, HostPattern::Net("198.51.100.0/24".parse().unwrap()));
         let r = parse_rule("203.0.113.7:443").unwrap();
-        assert_eq!(
-            r.pattern,
-            HostPattern::Net("203.0.113.7/32".parse().unwrap())
-        );
+        assert_eq!(r.pattern, HostPattern::Net("203.0.113.7/32".parse().unwrap()));
         let r = parse_rule("[2001:db8::/32]:443").unwrap();
-        assert_eq!(
-            r.pattern,
-            HostPattern::Net("2001:db8::/32".parse().unwrap())
-        );
+        assert_eq!(r.pattern, HostPattern::Net("2001:db8::/32".parse().unwrap()));
         assert_eq!(parse_rule("2001:db8::1").unwrap().ports, PortSpec::Default);
         let r = parse_rule("[::ffff:192.0.2.0/120]:*").unwrap();
         assert_eq!(r.pattern, HostPattern::Net("192.0.2.0/24".parse().unwrap()));
@@ -195,19 +162,7 @@ mod tests {
 
     #[test]
     fn rejects() {
-        for bad in [
-            "",
-            "*",
-            "*:443",
-            "a.*.com",
-            "*a.com",
-            "a.com:0",
-            "a.com:x",
-            "10.0.0.1/8",
-            "127.1",
-            "[::1",
-            "a b",
-        ] {
+        for bad in ["", "*", "*:443", "a.*.com", "*a.com", "a.com:0", "a.com:x", "10.0.0.1/8", "127.1", "[::1", "a b"] {
             assert!(parse_rule(bad).is_err(), "{bad:?}");
         }
     }

@@ -7,9 +7,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::{
-    ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject, respond, tunnel,
-};
+use super::{ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject, respond, tunnel};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr;
 use crate::policy::DenyReason;
@@ -22,39 +20,22 @@ pub async fn handle(
     state: Arc<State>,
 ) -> Response<ProxyBody> {
     let uri = req.uri();
-    let mut rec = AccessRecord::new(
-        Kind::Connect,
-        "CONNECT",
-        raw_target(&uri.to_string()),
-        conn.peer,
-        state.generation,
-    );
+    let mut rec =
+        AccessRecord::new(Kind::Connect, "CONNECT", raw_target(&uri.to_string()), conn.peer, state.generation);
 
     if req.version() != Version::HTTP_11 {
-        return reject(
-            &mut rec,
-            DenyReason::BadRequest,
-            "CONNECT requires HTTP/1.1",
-        );
+        return reject(&mut rec, DenyReason::BadRequest, "CONNECT requires HTTP/1.1");
     }
     let authority = match (uri.scheme(), uri.path_and_query(), uri.authority()) {
         (None, None, Some(a)) => a.as_str(),
         _ => {
-            return reject(
-                &mut rec,
-                DenyReason::BadRequest,
-                "CONNECT target must be host:port",
-            );
+            return reject(&mut rec, DenyReason::BadRequest, "CONNECT target must be host:port");
         }
     };
     let target = match addr::parse_authority(authority, None) {
         Ok(t) => t,
         Err(e) => {
-            return reject(
-                &mut rec,
-                DenyReason::BadRequest,
-                &format!("invalid CONNECT target: {e}"),
-            );
+            return reject(&mut rec, DenyReason::BadRequest, &format!("invalid CONNECT target: {e}"));
         }
     };
     rec.target = target.to_string();

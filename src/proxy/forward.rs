@@ -18,8 +18,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::{
-    BoxError, ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject,
-    tunnel, upstream,
+    BoxError, ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject, tunnel, upstream,
 };
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
@@ -51,26 +50,14 @@ pub async fn handle(
             );
         }
         _ => {
-            return reject(
-                &mut rec,
-                DenyReason::BadRequest,
-                "only http:// URLs can be forwarded",
-            );
+            return reject(&mut rec, DenyReason::BadRequest, "only http:// URLs can be forwarded");
         }
     }
-    let authority = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .unwrap_or_default();
+    let authority = req.uri().authority().map(|a| a.as_str()).unwrap_or_default();
     let target = match addr::parse_authority(authority, Some(80)) {
         Ok(t) => t,
         Err(e) => {
-            return reject(
-                &mut rec,
-                DenyReason::BadRequest,
-                &format!("invalid URL authority: {e}"),
-            );
+            return reject(&mut rec, DenyReason::BadRequest, &format!("invalid URL authority: {e}"));
         }
     };
     rec.target = target.to_string();
@@ -100,25 +87,15 @@ pub async fn handle(
         Ok(Err(e)) => {
             let (reason, detail) = match upstream::dial_error(&e) {
                 Some(d) => (d.reason(), d.to_string()),
-                None => (
-                    DenyReason::UpstreamUnreachable,
-                    format!("upstream request failed: {e}"),
-                ),
+                None => (DenyReason::UpstreamUnreachable, format!("upstream request failed: {e}")),
             };
             return reject(&mut rec, reason, &detail);
         }
         Err(_) => {
-            return reject(
-                &mut rec,
-                DenyReason::UpstreamTimeout,
-                "no response headers in time",
-            );
+            return reject(&mut rec, DenyReason::UpstreamTimeout, "no response headers in time");
         }
     };
-    rec.upstream_addr = resp
-        .extensions()
-        .get::<upstream::UpstreamAddr>()
-        .map(|a| a.0);
+    rec.upstream_addr = resp.extensions().get::<upstream::UpstreamAddr>().map(|a| a.0);
     rec.status = resp.status().as_u16();
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
@@ -142,12 +119,7 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    let body = LoggedBody {
-        inner: body,
-        bytes: 0,
-        bytes_up,
-        rec: Some(rec),
-    };
+    let body = LoggedBody { inner: body, bytes: 0, bytes_up, rec: Some(rec) };
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -160,23 +132,14 @@ fn upstream_request(
 ) -> Result<(Request<CountingBody<Incoming>>, Arc<AtomicU64>), &'static str> {
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri: Uri = format!("http://{target}{path}")
-        .parse()
-        .map_err(|_| "invalid request path")?;
+    let uri: Uri = format!("http://{target}{path}").parse().map_err(|_| "invalid request path")?;
     parts.uri = uri;
     strip_hop_by_hop(&mut parts.headers, upgrade);
-    let host = if target.port == 80 {
-        target.host.to_string()
-    } else {
-        target.to_string()
-    };
+    let host = if target.port == 80 { target.host.to_string() } else { target.to_string() };
     let host = HeaderValue::from_str(&host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));
-    let body = CountingBody {
-        inner: body,
-        count: counter.clone(),
-    };
+    let body = CountingBody { inner: body, count: counter.clone() };
     Ok((Request::from_parts(parts, body), counter))
 }
 
@@ -193,8 +156,7 @@ const HOP_BY_HOP: [&str; 9] = [
 ];
 
 fn is_upgrade(h: &HeaderMap) -> bool {
-    h.contains_key(header::UPGRADE)
-        && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
+    h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
 }
 
 fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -216,11 +178,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     for n in named {
         h.remove(n);
     }
-    let upgrade = if keep_upgrade {
-        h.get(header::UPGRADE).cloned()
-    } else {
-        None
-    };
+    let upgrade = if keep_upgrade { h.get(header::UPGRADE).cloned() } else { None };
     for n in HOP_BY_HOP {
         h.remove(n);
     }
@@ -243,10 +201,7 @@ where
     type Data = Bytes;
     type Error = B::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled
             && let Some(data) = frame.data_ref()
@@ -278,10 +233,7 @@ impl Body for LoggedBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {

@@ -64,9 +64,7 @@ pub fn deny(reason: DenyReason, d: &Denial<'_>) -> Response<ProxyBody> {
 }
 
 pub fn full(s: impl Into<Bytes>) -> ProxyBody {
-    Full::new(s.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
+    Full::new(s.into()).map_err(|never| match never {}).boxed_unsync()
 }
 
 pub fn empty() -> ProxyBody {
@@ -78,10 +76,7 @@ pub fn empty() -> ProxyBody {
 pub fn over_capacity_bytes() -> Vec<u8> {
     let body = body_json(
         DenyReason::LimitExceeded,
-        &Denial {
-            hint: Some("the gateway is at proxy.max_connections; retry later".into()),
-            ..Denial::default()
-        },
+        &Denial { hint: Some("the gateway is at proxy.max_connections; retry later".into()), ..Denial::default() },
     );
     format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n{DENY_REASON_HEADER}: limit_exceeded\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -100,13 +95,9 @@ mod tests {
             let resp = deny(r, &Denial::default());
             assert!(resp.status().is_client_error() || resp.status().is_server_error());
             assert_eq!(resp.headers()[DENY_REASON_HEADER], r.code());
-            let v: serde_json::Value =
-                serde_json::from_str(&body_json(r, &Denial::default())).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&body_json(r, &Denial::default())).unwrap();
             assert_eq!(v["reason"], r.code());
         }
-        assert_eq!(
-            deny(DenyReason::AuthRequired, &Denial::default()).headers()[PROXY_AUTHENTICATE],
-            REALM
-        );
+        assert_eq!(deny(DenyReason::AuthRequired, &Denial::default()).headers()[PROXY_AUTHENTICATE], REALM);
     }
 }

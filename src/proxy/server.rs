@@ -54,12 +54,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
-    conn: ConnInfo,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-) {
+async fn serve_connection(stream: TcpStream, conn: ConnInfo, shared: Arc<Shared>, shutdown: CancellationToken) {
     let cfg = &shared.config.proxy;
     let mut builder = http1::Builder::new();
     builder
@@ -75,9 +70,7 @@ async fn serve_connection(
         let conn = svc_conn.clone();
         async move { Ok::<_, Infallible>(handle(req, &conn, &shared).await) }
     });
-    let connection = builder
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
+    let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
     tokio::pin!(connection);
     let result = tokio::select! {
         r = connection.as_mut() => r,

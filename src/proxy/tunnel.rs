@@ -34,12 +34,7 @@ pub struct Outcome {
 
 /// Relays between `client` and `upstream` until both close, the tunnel idles for
 /// `idle`, an error occurs, or `cancel` fires.
-pub async fn relay<C, U>(
-    client: C,
-    upstream: U,
-    idle: Duration,
-    cancel: &CancellationToken,
-) -> Outcome
+pub async fn relay<C, U>(client: C, upstream: U, idle: Duration, cancel: &CancellationToken) -> Outcome
 where
     C: AsyncRead + AsyncWrite,
     U: AsyncRead + AsyncWrite,
@@ -54,11 +49,7 @@ where
         let a = one_way(&mut cr, &mut uw, &up, &last_activity, start);
         let b = one_way(&mut ur, &mut cw, &down, &last_activity, start);
         let (ra, rb) = tokio::join!(a, b);
-        if ra.is_ok() && rb.is_ok() {
-            End::Closed
-        } else {
-            End::Error
-        }
+        if ra.is_ok() && rb.is_ok() { End::Closed } else { End::Error }
     };
     let watchdog = async {
         loop {
@@ -75,11 +66,7 @@ where
         e = watchdog => e,
         _ = cancel.cancelled() => End::Shutdown,
     };
-    Outcome {
-        up: up.load(Ordering::Relaxed),
-        down: down.load(Ordering::Relaxed),
-        end,
-    }
+    Outcome { up: up.load(Ordering::Relaxed), down: down.load(Ordering::Relaxed), end }
 }
 
 async fn one_way<R, W>(
@@ -117,10 +104,7 @@ mod tests {
         let (client, mut client_peer) = tokio::io::duplex(1024);
         let (upstream, mut upstream_peer) = tokio::io::duplex(1024);
         let cancel = CancellationToken::new();
-        let task =
-            tokio::spawn(
-                async move { relay(client, upstream, Duration::from_secs(5), &cancel).await },
-            );
+        let task = tokio::spawn(async move { relay(client, upstream, Duration::from_secs(5), &cancel).await });
         client_peer.write_all(b"hello").await.unwrap();
         let mut got = [0u8; 5];
         upstream_peer.read_exact(&mut got).await.unwrap();
@@ -138,13 +122,7 @@ mod tests {
     async fn idle_tunnels_end() {
         let (client, _cp) = tokio::io::duplex(64);
         let (upstream, _up) = tokio::io::duplex(64);
-        let out = relay(
-            client,
-            upstream,
-            Duration::from_secs(30),
-            &CancellationToken::new(),
-        )
-        .await;
+        let out = relay(client, upstream, Duration::from_secs(30), &CancellationToken::new()).await;
         assert_eq!(out.end, End::Idle);
     }
 }

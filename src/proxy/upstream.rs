@@ -45,14 +45,10 @@ impl tower_service::Service<Uri> for VettingConnector {
         let resolver = self.resolver.clone();
         Box::pin(async move {
             let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
-            let target = addr::parse_authority(authority, Some(80)).map_err(|e| {
-                DialError::ResolveFailed(format!("invalid upstream authority: {e}"))
-            })?;
+            let target = addr::parse_authority(authority, Some(80))
+                .map_err(|e| DialError::ResolveFailed(format!("invalid upstream authority: {e}")))?;
             let (stream, addr) = resolver.dial(&target).await?;
-            Ok(UpstreamStream {
-                io: TokioIo::new(stream),
-                addr,
-            })
+            Ok(UpstreamStream { io: TokioIo::new(stream), addr })
         })
     }
 }
@@ -69,21 +65,13 @@ impl Connection for UpstreamStream {
 }
 
 impl Read for UpstreamStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
 impl Write for UpstreamStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

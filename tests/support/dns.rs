@@ -22,11 +22,7 @@ pub fn query(name: &str, qtype: RecordType, edns: Option<Edns>) -> Message {
 
 fn rand_id() -> u16 {
     use std::time::{SystemTime, UNIX_EPOCH};
-    (SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        & 0xffff) as u16
+    (SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos() & 0xffff) as u16
 }
 
 pub fn udp_socket(bind_ip: &str) -> UdpSocket {
@@ -38,8 +34,7 @@ pub fn udp_socket(bind_ip: &str) -> UdpSocket {
 /// Sends raw bytes over UDP; returns the raw reply, or None on timeout.
 pub fn udp_raw(server: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
     let s = udp_socket("127.0.0.1");
-    s.set_read_timeout(Some(Duration::from_millis(700)))
-        .unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
     s.send_to(bytes, server).unwrap();
     let mut buf = [0u8; 65535];
     s.recv(&mut buf).ok().map(|n| buf[..n].to_vec())

@@ -19,10 +19,7 @@ pub struct TestGateway {
 
 /// `Basic base64(user:pass)`.
 pub fn basic(user: &str, pass: &str) -> String {
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
-    )
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
 }
 
 impl TestGateway {
@@ -32,9 +29,7 @@ impl TestGateway {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
         std::fs::write(dir.path().join("policy/test.toml"), policy).expect("write policy");
-        let cfg = format!(
-            "[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{config}"
-        );
+        let cfg = format!("[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{config}");
         std::fs::write(dir.path().join("gateway.toml"), cfg).expect("write config");
         Self::spawn(dir)
     }
@@ -56,18 +51,9 @@ impl TestGateway {
                 sink.lock().expect("log lock").push(line);
             }
         });
-        let mut gw = TestGateway {
-            addr: "0.0.0.0:0".parse().expect("addr"),
-            dir,
-            child,
-            logs,
-        };
+        let mut gw = TestGateway { addr: "0.0.0.0:0".parse().expect("addr"), dir, child, logs };
         let line = gw.wait_for_log(Duration::from_secs(20), |v| v["msg"] == "listening");
-        gw.addr = line["proxy"]
-            .as_str()
-            .expect("proxy addr")
-            .parse()
-            .expect("parse addr");
+        gw.addr = line["proxy"].as_str().expect("proxy addr").parse().expect("parse addr");
         gw
     }
 
@@ -87,19 +73,11 @@ impl TestGateway {
 
     /// Every log line so far that is JSON.
     pub fn log_json(&self) -> Vec<Value> {
-        self.logs
-            .lock()
-            .expect("log lock")
-            .iter()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
+        self.logs.lock().expect("log lock").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
     }
 
     pub fn access_logs(&self) -> Vec<Value> {
-        self.log_json()
-            .into_iter()
-            .filter(|v| v["log"] == "access")
-            .collect()
+        self.log_json().into_iter().filter(|v| v["log"] == "access").collect()
     }
 
     /// Waits for a JSON log line matching `pred` and returns it; panics with the log on
@@ -111,10 +89,7 @@ impl TestGateway {
                 return v;
             }
             if Instant::now() > deadline {
-                panic!(
-                    "log line not found in time; log so far:\n{}",
-                    self.log_text()
-                );
+                panic!("log line not found in time; log so far:\n{}", self.log_text());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -122,9 +97,7 @@ impl TestGateway {
 
     /// The access record for `target` (normalised form, e.g. `origin.test:8080`).
     pub fn access_for(&self, target: &str) -> Value {
-        self.wait_for_log(Duration::from_secs(10), |v| {
-            v["log"] == "access" && v["target"] == target
-        })
+        self.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["target"] == target)
     }
 
     pub fn pid(&self) -> u32 {
@@ -132,9 +105,7 @@ impl TestGateway {
     }
 
     pub fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([&format!("-{sig}"), &self.child.id().to_string()])
-            .status();
+        let _ = Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status();
     }
 
     /// Waits for the process to exit (after a signal) and returns its exit code.
@@ -161,10 +132,6 @@ impl TestGateway {
     /// The DNS listener's address, from the `listening` log line.
     pub fn dns_addr(&self) -> SocketAddr {
         let line = self.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "listening");
-        line["dns"]
-            .as_str()
-            .expect("dns configured")
-            .parse()
-            .expect("dns addr")
+        line["dns"].as_str().expect("dns configured").parse().expect("dns addr")
     }
 }

@@ -1,16 +1,7 @@
 //! Test fixtures: the real gateway binary on 127.0.0.1:0, real origins (HTTP, TLS with
 //! a test CA, `git http-backend` over CGI) on loopback, and raw-socket helpers.
-#![allow(
-    dead_code,
-    unused_imports,
-    reason = "each test binary uses a different subset"
-)]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test fixtures fail loudly"
-)]
+#![allow(dead_code, unused_imports, reason = "each test binary uses a different subset")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test fixtures fail loudly")]
 
 pub mod dns;
 pub mod gateway;
@@ -107,13 +98,7 @@ pub struct CurlOutput {
 /// Runs curl with `args` plus `-s -w` markers, bounded by a 20 s timeout.
 pub fn curl(args: &[&str]) -> CurlOutput {
     let out = std::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "20",
-            "-w",
-            "\n@@%{http_code} %{http_connect}",
-        ])
+        .args(["-sS", "--max-time", "20", "-w", "\n@@%{http_code} %{http_connect}"])
         .args(args)
         .output()
         .expect("run curl (is it installed?)");

@@ -60,18 +60,12 @@ impl TestOrigin {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind origin");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
-        let ctx = Ctx {
-            requests: Arc::default(),
-            git_root,
-        };
+        let ctx = Ctx { requests: Arc::default(), git_root };
         let requests = ctx.requests.clone();
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
+            let rt =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
                 let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -107,12 +101,7 @@ impl TestOrigin {
                 }
             });
         });
-        TestOrigin {
-            addr,
-            requests,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        }
+        TestOrigin { addr, requests, stop: Some(stop_tx), thread: Some(thread) }
     }
 
     pub fn port(&self) -> u16 {
@@ -145,12 +134,7 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
     ctx.requests.lock().expect("lock").push(Recorded {
         method: req.method().to_string(),
@@ -198,28 +182,14 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         Err(_) => 0,
     };
     let out = json!({ "method": method, "uri": uri, "headers": headers, "body_len": body_len });
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(full(out.to_string()))
-        .expect("response")
+    Response::builder().header("content-type", "application/json").body(full(out.to_string())).expect("response")
 }
 
 /// Runs `git http-backend` as a CGI program for one request.
 async fn cgi_git(req: Request<Incoming>, path_info: String, root: PathBuf) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string()
-    };
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let mut cmd = tokio::process::Command::new("git");
     cmd.arg("http-backend")
         .env_clear()
@@ -246,16 +216,10 @@ async fn cgi_git(req: Request<Incoming>, path_info: String, root: PathBuf) -> Re
     let out = child.wait_with_output().await.expect("http-backend output");
     let _ = writer.await;
     let raw = out.stdout;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
     let split = split.or_else(|| raw.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
     let Some((end, sep)) = split else {
-        return Response::builder()
-            .status(500)
-            .body(full("bad cgi output"))
-            .expect("response");
+        return Response::builder().status(500).body(full("bad cgi output")).expect("response");
     };
     let mut resp = Response::builder();
     let mut status = 200;
@@ -263,17 +227,11 @@ async fn cgi_git(req: Request<Incoming>, path_info: String, root: PathBuf) -> Re
         if let Some((k, v)) = line.split_once(':') {
             let v = v.trim();
             if k.eq_ignore_ascii_case("status") {
-                status = v
-                    .split_whitespace()
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(500);
+                status = v.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(500);
             } else {
                 resp = resp.header(k.trim(), v);
             }
         }
     }
-    resp.status(status)
-        .body(full(raw[end + sep..].to_vec()))
-        .expect("response")
+    resp.status(status).body(full(raw[end + sep..].to_vec())).expect("response")
 }

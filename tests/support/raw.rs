@@ -6,8 +6,7 @@ use std::time::Duration;
 
 pub fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).expect("connect gateway");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     s
 }
 
@@ -45,10 +44,7 @@ pub fn read_head(s: &mut TcpStream) -> String {
 
 /// The status code of the first response in `resp`.
 pub fn status(resp: &str) -> u16 {
-    resp.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    resp.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 /// Reads one response: its head, then `Content-Length` bytes of body (none if absent).
@@ -56,10 +52,7 @@ pub fn read_response(s: &mut TcpStream) -> String {
     let head = read_head(s);
     let len = head
         .lines()
-        .find_map(|l| {
-            l.split_once(':')
-                .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        })
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-length")))
         .and_then(|(_, v)| v.trim().parse::<usize>().ok())
         .unwrap_or(0);
     let mut body = vec![0u8; len];

@@ -18,15 +18,10 @@ impl TestCa {
     pub fn new(names: &[&str]) -> TestCa {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "egress-gateway test CA");
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key"))
-            .expect("ca");
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "egress-gateway test CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
         let key = KeyPair::generate().expect("key");
-        let params =
-            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .expect("params");
+        let params = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
         let cert = params.signed_by(&key, &ca).expect("sign");
 
         let dir = tempfile::tempdir().expect("tempdir");
@@ -43,10 +38,6 @@ impl TestCa {
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
             )
             .expect("server config");
-        TestCa {
-            ca_pem_path,
-            server_config: Arc::new(server_config),
-            _dir: dir,
-        }
+        TestCa { ca_pem_path, server_config: Arc::new(server_config), _dir: dir }
     }
 }
