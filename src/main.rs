@@ -78,9 +78,17 @@ fn serve(path: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>)
             eprintln!(
                 "\nDemo mode: built-in policy, sandbox \"{sbx}\", token generated for this run.\n\
                  Try:  curl -x http://{sbx}:{token}@{addr} https://pypi.org/simple/ -o /dev/null -w '%{{http_code}}\\n'\n\
-                 Denied: curl -x http://{sbx}:{token}@{addr} https://example.com/\n",
+                 Denied: curl -x http://{sbx}:{token}@{addr} https://example.com/",
                 sbx = demo::DEMO_SANDBOX,
             );
+            if let Some(dns) = gateway.dns_addr() {
+                eprintln!(
+                    "DNS:  dig @{} -p {} gateway.sandbox.internal   (any other name: NXDOMAIN)",
+                    dns.ip(),
+                    dns.port()
+                );
+            }
+            eprintln!();
         }
         let shutdown = CancellationToken::new();
         tokio::spawn(watch_signals(shutdown.clone()));
