@@ -10,8 +10,8 @@ use std::path::Path;
 pub use error::{ConfigError, DisplayPath};
 pub use policy_files::load_policies;
 pub use validate::{
-    BlockMode, Config, DnsConfig, LogConfig, LogFormat, PolicyConfig, PolicySource, ProxyConfig, RateLimitAction,
-    ResolverConfig,
+    AdminConfig, BlockMode, Config, DnsConfig, DrainConfig, LogConfig, LogFormat, PolicyConfig, PolicySource,
+    ProxyConfig, RateLimitAction, ResolverConfig,
 };
 
 /// Reads and validates a gateway config file. Relative paths in it are relative to the

@@ -1,7 +1,10 @@
-//! Wiring: bind the listeners, then run until shutdown.
+//! Wiring: bind the listeners, then run until shutdown, draining as a load-balanced
+//! instance should.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -9,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::{self, Admin};
 use crate::config::{self, Config, ConfigError};
 use crate::dns::DnsServer;
 use crate::proxy::{self, Shared, upstream::VettingConnector};
@@ -19,42 +23,57 @@ use crate::resolve::Resolver;
 pub enum GatewayError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("cannot bind proxy listener {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot bind {what} listener {addr}: {source}")]
+    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error("cannot start resolver: {0}")]
     Resolver(std::io::Error),
-    #[error("cannot bind DNS listener {addr}: {source}")]
-    DnsBind { addr: SocketAddr, source: std::io::Error },
+}
+
+/// How the gateway is told to stop. `drain` starts the drain (readiness off, accept for
+/// `drain.delay`, then stop accepting and wait up to `drain.timeout`); `skip_delay`
+/// makes it skip the delay (an operator's Ctrl-C); `force` ends everything at once.
+#[derive(Clone, Default)]
+pub struct Shutdown {
+    pub drain: CancellationToken,
+    pub force: CancellationToken,
+    pub skip_delay: Arc<AtomicBool>,
 }
 
 pub struct Gateway {
     shared: Arc<Shared>,
     proxy: TcpListener,
+    admin: TcpListener,
     dns: Option<DnsServer>,
 }
 
 impl Gateway {
-    /// Loads the policies, builds the resolver and binds the proxy listener.
+    /// Loads the policies, builds the resolver, installs the metrics recorder and binds
+    /// every listener, so that errors surface before anything is served.
     pub async fn bind(config: Config) -> Result<Gateway, GatewayError> {
+        crate::metrics::install();
         let policies = config::load_policies(&config)?;
         let resolver = Resolver::new(&config.resolver, config.egress.filter.clone(), config.proxy.connect_timeout)
             .map_err(GatewayError::Resolver)?;
         let resolver = Arc::new(resolver);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
             .set_host(false)
             .build(VettingConnector::new(resolver.clone()));
-        let addr = config.proxy.listen;
-        let proxy = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
+        let bind = |what: &'static str, addr: SocketAddr| async move {
+            TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { what, addr, source })
+        };
+        let proxy = bind("proxy", config.proxy.listen).await?;
+        let admin = bind("admin", config.admin.listen).await?;
         let dns = match &config.dns {
-            Some(d) => {
-                Some(DnsServer::bind(d).await.map_err(|source| GatewayError::DnsBind { addr: d.listen, source })?)
-            }
+            Some(d) => Some(DnsServer::bind(d).await.map_err(|source| GatewayError::Bind {
+                what: "dns",
+                addr: d.listen,
+                source,
+            })?),
             None => None,
         };
-        crate::metrics::describe();
         let shared = Arc::new(Shared {
             store: Store::new(policies),
             config,
@@ -62,12 +81,17 @@ impl Gateway {
             client,
             tasks: TaskTracker::new(),
             hard_stop: CancellationToken::new(),
+            draining: AtomicBool::new(false),
         });
-        Ok(Gateway { shared, proxy, dns })
+        Ok(Gateway { shared, proxy, admin, dns })
     }
 
     pub fn proxy_addr(&self) -> std::io::Result<SocketAddr> {
         self.proxy.local_addr()
+    }
+
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        self.admin.local_addr()
     }
 
     pub fn dns_addr(&self) -> Option<SocketAddr> {
@@ -78,42 +102,71 @@ impl Gateway {
         &self.shared
     }
 
-    /// Serves until `shutdown` fires, then stops accepting, gives in-flight requests and
-    /// tunnels up to `proxy.shutdown_timeout`, and returns.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// Serves until `shutdown.drain` fires, then drains and returns.
+    pub async fn run(self, shutdown: Shutdown) {
+        let addr = |a: std::io::Result<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+        let (proxy_addr, admin_addr) = (addr(self.proxy_addr()), addr(self.admin_addr()));
         let dns_addr = self.dns_addr().map(|a| a.to_string());
-        let Gateway { shared, proxy, dns } = self;
+        let Gateway { shared, proxy, admin, dns } = self;
         let st = shared.store.snapshot();
         tracing::info!(
-            proxy = %proxy.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            proxy = %proxy_addr,
+            admin = %admin_addr,
+            dns = dns_addr,
             policies = st.policies.policies.len(),
             sandboxes = st.policies.sandboxes.len(),
-            dns = dns_addr,
             "listening"
         );
         drop(st);
-        let reloader = tokio::spawn(reload_on_sighup(shared.clone(), shutdown.clone()));
-        let dns_task = dns.map(|d| tokio::spawn(d.run(shutdown.clone())));
-        proxy::server::serve(proxy, shared.clone(), shutdown.clone()).await;
+
+        let stop_accepting = CancellationToken::new();
+        let admin_stop = CancellationToken::new();
+        let admin_state = Arc::new(Admin { shared: shared.clone(), metrics: crate::metrics::install() });
+        let admin_task = tokio::spawn(admin::serve(admin, admin_state, admin_stop.clone()));
+        let reloader = tokio::spawn(reload_on_sighup(shared.clone(), stop_accepting.clone()));
+        let dns_task = dns.map(|d| tokio::spawn(d.run(stop_accepting.clone())));
+        let proxy_task = tokio::spawn(proxy::server::serve(proxy, shared.clone(), stop_accepting.clone()));
+
+        shutdown.drain.cancelled().await;
+        shared.draining.store(true, Ordering::Relaxed);
+        let drain = shared.config.drain;
+        let skip = shutdown.skip_delay.load(Ordering::Relaxed);
+        tracing::info!(
+            delay_s = if skip { 0 } else { drain.delay.as_secs() },
+            timeout_s = drain.timeout.as_secs(),
+            "draining: not ready; still accepting until the delay ends"
+        );
+        if !skip {
+            tokio::select! {
+                _ = tokio::time::sleep(drain.delay) => {}
+                _ = shutdown.force.cancelled() => {}
+            }
+        }
+        stop_accepting.cancel();
+        let _ = proxy_task.await;
         reloader.abort();
         if let Some(t) = dns_task {
             let _ = t.await;
         }
-
-        let timeout = shared.config.proxy.shutdown_timeout;
-        tracing::info!(timeout_s = timeout.as_secs(), in_flight = shared.tasks.len(), "shutting down");
+        tracing::info!(in_flight = shared.tasks.len(), "stopped accepting; waiting for in-flight work");
         shared.tasks.close();
-        if tokio::time::timeout(timeout, shared.tasks.wait()).await.is_err() {
-            tracing::warn!(in_flight = shared.tasks.len(), "shutdown timeout reached; closing what is left");
+        let finished = tokio::select! {
+            r = tokio::time::timeout(drain.timeout, shared.tasks.wait()) => r.is_ok(),
+            _ = shutdown.force.cancelled() => false,
+        };
+        if !finished {
+            tracing::warn!(in_flight = shared.tasks.len(), "drain ended early; closing what is left");
             shared.hard_stop.cancel();
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), shared.tasks.wait()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), shared.tasks.wait()).await;
         }
-        tracing::info!("stopped");
+        admin_stop.cancel();
+        let _ = admin_task.await;
+        tracing::info!(clean = finished, "stopped");
     }
 }
 
 #[cfg(unix)]
-async fn reload_on_sighup(shared: Arc<Shared>, shutdown: CancellationToken) {
+async fn reload_on_sighup(shared: Arc<Shared>, stop: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot install SIGHUP handler; reload on signal disabled");
@@ -121,17 +174,13 @@ async fn reload_on_sighup(shared: Arc<Shared>, shutdown: CancellationToken) {
     };
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             r = hup.recv() => if r.is_none() { return },
         }
-        match shared.store.reload(&shared.config) {
-            Ok(generation) => tracing::info!(generation, "policies reloaded"),
-            Err(e) => {
-                tracing::error!(error = %e, "policy reload failed; keeping the previous policies")
-            }
-        }
+        // The outcome is logged and counted by the store.
+        let _ = shared.store.reload(&shared.config);
     }
 }
 
 #[cfg(not(unix))]
-async fn reload_on_sighup(_shared: Arc<Shared>, _shutdown: CancellationToken) {}
+async fn reload_on_sighup(_shared: Arc<Shared>, _stop: CancellationToken) {}

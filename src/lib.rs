@@ -2,6 +2,7 @@
 
 pub mod access_log;
 pub mod addr;
+pub mod admin;
 pub mod auth;
 pub mod cli;
 pub mod config;

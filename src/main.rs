@@ -6,9 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use egress_gateway::cli::{Cli, Command, ConfigCommand, TokenCommand, read_token_from_stdin};
 use egress_gateway::config::{self, Config};
-use egress_gateway::gateway::Gateway;
+use egress_gateway::gateway::{Gateway, Shutdown};
 use egress_gateway::{auth, demo, telemetry};
-use tokio_util::sync::CancellationToken;
 
 const EXIT_ERROR: u8 = 2;
 
@@ -90,7 +89,7 @@ fn serve(path: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>)
             }
             eprintln!();
         }
-        let shutdown = CancellationToken::new();
+        let shutdown = Shutdown::default();
         tokio::spawn(watch_signals(shutdown.clone()));
         gateway.run(shutdown).await;
         Ok::<_, anyhow::Error>(())
@@ -98,19 +97,31 @@ fn serve(path: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>)
     Ok(ExitCode::SUCCESS)
 }
 
-async fn watch_signals(shutdown: CancellationToken) {
+/// SIGTERM (the orchestrator) starts a full drain; SIGINT (an operator's Ctrl-C) drains
+/// without the load-balancer delay; a second signal of either kind stops at once.
+async fn watch_signals(shutdown: Shutdown) {
     #[cfg(unix)]
     {
+        use std::sync::atomic::Ordering;
         use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
             return;
         };
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => shutdown.skip_delay.store(true, Ordering::Relaxed),
         }
+        shutdown.drain.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: stopping now");
+        shutdown.force.cancel();
     }
     #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    shutdown.cancel();
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        shutdown.drain.cancel();
+    }
 }

@@ -1,9 +1,27 @@
-//! Metric names, descriptions and label values. Names are a stable interface:
+//! Metric names, descriptions, buckets and the recorder. Names are a stable interface:
 //! prefixed `egress_`, suffixed `_total`/`_seconds`/`_bytes`, with bounded labels
-//! (never hostnames, sandbox ids or tokens).
+//! (reasons, kinds, decisions; never hostnames, sandbox ids or tokens).
 
-use metrics::{Unit, describe_counter, describe_histogram};
+use std::sync::OnceLock;
 
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// `kind` = connect|forward|git, `decision` = allow|deny|would_deny.
+pub const PROXY_REQUESTS: &str = "egress_proxy_requests_total";
+/// `reason` = a stable deny-reason code.
+pub const PROXY_DENIALS: &str = "egress_proxy_denials_total";
+/// `kind`, `direction` = up (client to upstream) | down.
+pub const PROXY_BYTES: &str = "egress_proxy_bytes_total";
+/// `kind`: request (or tunnel) lifetime.
+pub const PROXY_DURATION: &str = "egress_proxy_request_duration_seconds";
+pub const PROXY_CONNECTIONS_ACTIVE: &str = "egress_proxy_connections_active";
+pub const PROXY_TUNNELS_ACTIVE: &str = "egress_proxy_tunnels_active";
+/// Connections closed at `proxy.max_connections`.
+pub const PROXY_CONNECTIONS_REFUSED: &str = "egress_proxy_connections_refused_total";
+/// `result` = ok|error.
+pub const POLICY_RELOADS: &str = "egress_policy_reloads_total";
+pub const POLICY_GENERATION: &str = "egress_policy_generation";
 /// `result` = answered|nodata|blocked|refused|formerr|notimp|rate_limited,
 /// `transport` = udp|tcp.
 pub const DNS_QUERIES: &str = "egress_dns_queries_total";
@@ -12,9 +30,68 @@ pub const DNS_DURATION: &str = "egress_dns_query_duration_seconds";
 /// TCP connections refused at `dns.tcp_max_connections`.
 pub const DNS_TCP_REFUSED: &str = "egress_dns_tcp_connections_refused_total";
 
-/// Registers descriptions with whatever recorder is installed.
-pub fn describe() {
+/// Request durations: 1 ms to 10 min (tunnels live long).
+const PROXY_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0];
+/// DNS answers: 10 µs to 100 ms.
+const DNS_BUCKETS: &[f64] = &[0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005, 0.01, 0.1];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the Prometheus recorder once per process and describes every metric.
+/// Returns the handle that renders `/metrics` (None if another recorder was installed
+/// first, e.g. by an embedding program).
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(PROXY_DURATION.into()), PROXY_BUCKETS)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DNS_DURATION.into()), DNS_BUCKETS));
+            let handle = match builder.map(PrometheusBuilder::install_recorder) {
+                Ok(Ok(h)) => Some(h),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics buckets invalid");
+                    None
+                }
+            };
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(PROXY_REQUESTS, Unit::Count, "Proxy requests and tunnels, by kind and decision");
+    describe_counter!(PROXY_DENIALS, Unit::Count, "Denied proxy requests, by reason");
+    describe_counter!(PROXY_BYTES, Unit::Bytes, "Bytes relayed, by kind and direction");
+    describe_histogram!(PROXY_DURATION, Unit::Seconds, "Lifetime of a proxy request or tunnel");
+    describe_gauge!(PROXY_CONNECTIONS_ACTIVE, Unit::Count, "Open client connections on the proxy port");
+    describe_gauge!(PROXY_TUNNELS_ACTIVE, Unit::Count, "Open CONNECT tunnels and upgraded connections");
+    describe_counter!(PROXY_CONNECTIONS_REFUSED, Unit::Count, "Connections closed at proxy.max_connections");
+    describe_counter!(POLICY_RELOADS, Unit::Count, "Policy reloads, by result");
+    describe_gauge!(POLICY_GENERATION, Unit::Count, "Generation of the policies in force");
     describe_counter!(DNS_QUERIES, Unit::Count, "DNS queries answered by the DNS firewall, by result and transport");
     describe_histogram!(DNS_DURATION, Unit::Seconds, "Time to answer one DNS query");
     describe_counter!(DNS_TCP_REFUSED, Unit::Count, "DNS TCP connections closed at the connection cap");
+}
+
+/// Counts one open thing (connection, tunnel) in a gauge for as long as it lives.
+pub struct ActiveGuard(metrics::Gauge);
+
+impl ActiveGuard {
+    pub fn new(gauge: &'static str) -> Self {
+        let g = metrics::gauge!(gauge);
+        g.increment(1.0);
+        ActiveGuard(g)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
 }

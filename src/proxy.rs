@@ -42,6 +42,8 @@ pub struct Shared {
     pub tasks: TaskTracker,
     /// Fires when in-flight work must stop (after the shutdown grace period).
     pub hard_stop: CancellationToken,
+    /// Set on shutdown: `/readyz` answers 503 from then on.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 /// Per-connection facts.

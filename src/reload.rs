@@ -1,13 +1,15 @@
 //! The live policy state: loaded and validated off the request path, swapped
 //! atomically. A request takes one snapshot and uses it to the end; a failed load keeps
-//! the old state.
+//! the old state and says why (log, metric, `/v1/status`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 
 use crate::config::{self, Config, ConfigError};
+use crate::metrics;
 use crate::policy::PolicySet;
 
 #[derive(Debug)]
@@ -15,28 +17,58 @@ pub struct State {
     /// Starts at 1 and grows by one on every successful reload.
     pub generation: u64,
     pub policies: PolicySet,
+    pub loaded_at: SystemTime,
 }
 
 pub struct Store {
     current: ArcSwap<State>,
     next_generation: AtomicU64,
+    last_error: Mutex<Option<String>>,
 }
 
 impl Store {
     pub fn new(policies: PolicySet) -> Self {
-        Store { current: ArcSwap::from_pointee(State { generation: 1, policies }), next_generation: AtomicU64::new(2) }
+        ::metrics::gauge!(metrics::POLICY_GENERATION).set(1.0);
+        Store {
+            current: ArcSwap::from_pointee(State { generation: 1, policies, loaded_at: SystemTime::now() }),
+            next_generation: AtomicU64::new(2),
+            last_error: Mutex::new(None),
+        }
     }
 
     pub fn snapshot(&self) -> Arc<State> {
         self.current.load_full()
     }
 
+    /// The error of the last reload attempt, if it failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().ok().and_then(|e| e.clone())
+    }
+
     /// Loads the policies named by `config` and swaps them in; on error the current
-    /// state stays.
+    /// state stays. Logs and counts either way.
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
-        let policies = config::load_policies(config)?;
-        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        self.current.store(Arc::new(State { generation, policies }));
-        Ok(generation)
+        let result = config::load_policies(config).map(|policies| {
+            let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+            self.current.store(Arc::new(State { generation, policies, loaded_at: SystemTime::now() }));
+            generation
+        });
+        let message = match &result {
+            Ok(generation) => {
+                tracing::info!(generation, "policies reloaded");
+                ::metrics::counter!(metrics::POLICY_RELOADS, "result" => "ok").increment(1);
+                ::metrics::gauge!(metrics::POLICY_GENERATION).set(*generation as f64);
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "policy reload failed; keeping the previous policies");
+                ::metrics::counter!(metrics::POLICY_RELOADS, "result" => "error").increment(1);
+                Some(e.to_string())
+            }
+        };
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = message;
+        }
+        result
     }
 }

@@ -1,5 +1,6 @@
 //! The DNS firewall, driven over real UDP and TCP on loopback with hickory-proto
 //! messages and hickory's resolver.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
 
 mod support;
 

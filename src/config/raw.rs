@@ -17,8 +17,39 @@ pub struct RawConfig {
     pub resolver: RawResolver,
     pub egress: RawEgress,
     pub policy: RawPolicySection,
+    pub admin: RawAdmin,
+    pub drain: RawDrain,
     /// Absent: no DNS server.
     pub dns: Option<RawDns>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDrain {
+    #[serde(with = "humantime_serde")]
+    pub delay: Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for RawDrain {
+    fn default() -> Self {
+        RawDrain { delay: Duration::from_secs(10), timeout: Duration::from_secs(90) }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAdmin {
+    pub listen: String,
+    /// File holding the bearer token for `POST /v1/reload`; empty: loopback clients only.
+    pub token_file: String,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        RawAdmin { listen: "127.0.0.1:9090".to_string(), token_file: String::new() }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -33,8 +64,6 @@ pub struct RawProxy {
     pub response_header_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub tunnel_idle_timeout: Duration,
-    #[serde(with = "humantime_serde")]
-    pub shutdown_timeout: Duration,
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
@@ -52,7 +81,6 @@ impl Default for RawProxy {
             connect_timeout: Duration::from_secs(5),
             response_header_timeout: Duration::from_secs(120),
             tunnel_idle_timeout: Duration::from_secs(300),
-            shutdown_timeout: Duration::from_secs(10),
             max_connections: 10_000,
             max_header_bytes: 32 * 1024,
             max_headers: 100,

@@ -23,6 +23,23 @@ pub struct Config {
     pub egress: EgressConfig,
     pub policy: PolicyConfig,
     pub dns: Option<DnsConfig>,
+    pub admin: AdminConfig,
+    pub drain: DrainConfig,
+}
+
+/// On SIGTERM: not ready at once, keep accepting for `delay` (while the load balancer
+/// deregisters the instance), then stop accepting and give in-flight work `timeout`.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainConfig {
+    pub delay: Duration,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token required by `POST /v1/reload`; None: loopback clients only.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -32,7 +49,6 @@ pub struct ProxyConfig {
     pub connect_timeout: Duration,
     pub response_header_timeout: Duration,
     pub tunnel_idle_timeout: Duration,
-    pub shutdown_timeout: Duration,
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
@@ -111,6 +127,16 @@ pub enum PolicySource {
     Inline { label: String, text: String },
 }
 
+impl PolicySource {
+    /// A short description for status output.
+    pub fn describe(&self) -> String {
+        match self {
+            PolicySource::Dir(d) => d.display().to_string(),
+            PolicySource::Inline { label, .. } => label.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
     pub source: PolicySource,
@@ -149,7 +175,6 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         connect_timeout: p.connect_timeout,
         response_header_timeout: p.response_header_timeout,
         tunnel_idle_timeout: p.tunnel_idle_timeout,
-        shutdown_timeout: p.shutdown_timeout,
         max_connections: p.max_connections,
         max_header_bytes: p.max_header_bytes,
         max_headers: p.max_headers,
@@ -215,8 +240,31 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let policy = PolicyConfig { source: PolicySource::Dir(dir), mode: raw.policy.mode };
 
     let dns = raw.dns.map(|d| validate_dns(d, file)).transpose()?;
+    let admin = validate_admin(raw.admin, file, base_dir)?;
 
-    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns })
+    let drain = DrainConfig { delay: raw.drain.delay, timeout: raw.drain.timeout };
+    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain })
+}
+
+fn validate_admin(a: super::raw::RawAdmin, file: &DisplayPath, base_dir: &Path) -> Result<AdminConfig, ConfigError> {
+    let listen = a
+        .listen
+        .parse()
+        .map_err(|_| ConfigError::invalid(file, "admin.listen", format!("expected IP:PORT, got {:?}", a.listen)))?;
+    let token = if a.token_file.is_empty() {
+        None
+    } else {
+        let path = base_dir.join(&a.token_file);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            ConfigError::invalid(file, "admin.token_file", format!("cannot read {}: {e}", path.display()))
+        })?;
+        let token = text.trim().to_string();
+        if token.len() < 16 {
+            return Err(ConfigError::invalid(file, "admin.token_file", "expected a token of at least 16 characters"));
+        }
+        Some(token)
+    };
+    Ok(AdminConfig { listen, token })
 }
 
 fn positive(file: &DisplayPath, key: &str, d: Duration) -> Result<(), ConfigError> {

@@ -105,6 +105,7 @@ pub async fn handle(
         let idle = shared.config.proxy.tunnel_idle_timeout;
         let cancel = shared.hard_stop.clone();
         shared.tasks.spawn(async move {
+            let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_TUNNELS_ACTIVE);
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
                 let out = tunnel::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel).await;
                 rec.bytes_up = out.up;

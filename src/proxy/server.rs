@@ -41,6 +41,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
         };
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             tracing::debug!(client_addr = %peer, "connection refused: proxy.max_connections reached");
+            ::metrics::counter!(crate::metrics::PROXY_CONNECTIONS_REFUSED).increment(1);
             shared.tasks.spawn(refuse(stream));
             continue;
         };
@@ -48,6 +49,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
         let shared = shared.clone();
         let shutdown = shutdown.clone();
         shared.tasks.clone().spawn(async move {
+            let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
             serve_connection(stream, ConnInfo { peer }, shared, shutdown).await;
             drop(permit);
         });

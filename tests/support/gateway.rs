@@ -29,7 +29,8 @@ impl TestGateway {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
         std::fs::write(dir.path().join("policy/test.toml"), policy).expect("write policy");
-        let cfg = format!("[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{config}");
+        let admin = if config.contains("[admin]") { "" } else { "[admin]\nlisten = \"127.0.0.1:0\"\n" };
+        let cfg = format!("[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{admin}{config}");
         std::fs::write(dir.path().join("gateway.toml"), cfg).expect("write config");
         Self::spawn(dir)
     }
@@ -129,6 +130,12 @@ impl Drop for TestGateway {
 }
 
 impl TestGateway {
+    /// The admin listener's address, from the `listening` log line.
+    pub fn admin_addr(&self) -> SocketAddr {
+        let line = self.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "listening");
+        line["admin"].as_str().expect("admin addr").parse().expect("admin addr")
+    }
+
     /// The DNS listener's address, from the `listening` log line.
     pub fn dns_addr(&self) -> SocketAddr {
         let line = self.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "listening");

@@ -24,7 +24,10 @@ pub const STANDARD_CONFIG: &str = r#"
 header_read_timeout = "2s"
 connect_timeout = "2s"
 tunnel_idle_timeout = "30s"
-shutdown_timeout = "2s"
+
+[drain]
+delay = "0s"
+timeout = "2s"
 
 [resolver]
 nameservers = ["127.0.0.1:9"]

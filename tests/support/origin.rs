@@ -4,6 +4,7 @@
 //! (101 upgrade, then echoes bytes), `/sleep/MS`, `/git/...` (`git http-backend` CGI).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -171,6 +172,13 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         let n: usize = n.parse().unwrap_or(0);
         return Response::new(full(vec![b'x'; n]));
     }
+    if let Some(spec) = path.strip_prefix("/slow/") {
+        // /slow/CHUNKS/MS: CHUNKS chunks of 1 KiB, one every MS milliseconds.
+        let mut it = spec.split('/').map(|x| x.parse::<u64>().unwrap_or(1));
+        let (chunks, ms) = (it.next().unwrap_or(1), it.next().unwrap_or(100));
+        let body = SlowBody { remaining: chunks, every: Duration::from_millis(ms), sleep: None };
+        return Response::new(body.boxed());
+    }
     if let Some(ms) = path.strip_prefix("/sleep/") {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
         return Response::new(full("slept"));
@@ -234,4 +242,35 @@ async fn cgi_git(req: Request<Incoming>, path_info: String, root: PathBuf) -> Re
         }
     }
     resp.status(status).body(full(raw[end + sep..].to_vec())).expect("response")
+}
+
+/// A body that yields 1 KiB every `every`, `remaining` times: a long download.
+struct SlowBody {
+    remaining: u64,
+    every: Duration,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for SlowBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        if self.remaining == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let every = self.every;
+        let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(every)));
+        match sleep.as_mut().poll(cx) {
+            std::task::Poll::Pending => std::task::Poll::Pending,
+            std::task::Poll::Ready(()) => {
+                self.sleep = None;
+                self.remaining -= 1;
+                std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(vec![b's'; 1024])))))
+            }
+        }
+    }
 }

@@ -1,0 +1,145 @@
+//! The admin listener (default 127.0.0.1:9090): `GET /metrics` (Prometheus text),
+//! `GET /healthz` (the process serves), `GET /readyz` (policies loaded and not
+//! draining), `GET /v1/status` (JSON), `POST /v1/reload` (bearer token from
+//! `admin.token_file`, or loopback clients only when none is set).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::proxy::Shared;
+
+pub struct Admin {
+    pub shared: Arc<Shared>,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+pub async fn serve(listener: TcpListener, admin: Arc<Admin>, shutdown: CancellationToken) {
+    if let Some(handle) = admin.metrics.clone() {
+        // Histogram summaries need periodic upkeep when the recorder is not the
+        // exporter's own HTTP server.
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => handle.run_upkeep(),
+                }
+            }
+        });
+    }
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(route(req, peer, &admin)) }
+            });
+            let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Response<Full<Bytes>> {
+    let shared = &admin.shared;
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => match &admin.metrics {
+            Some(h) => reply(StatusCode::OK, "text/plain; version=0.0.4", h.render()),
+            None => reply(StatusCode::NOT_FOUND, "text/plain", "metrics recorder not installed\n".into()),
+        },
+        (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        (&Method::GET, "/readyz") => {
+            if shared.draining.load(Ordering::Relaxed) {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
+            } else {
+                reply(StatusCode::OK, "text/plain", "ready\n".into())
+            }
+        }
+        (&Method::GET, "/v1/status") => {
+            let st = shared.store.snapshot();
+            let body = serde_json::json!({
+                "policy_generation": st.generation,
+                "policy_loaded_at": humantime::format_rfc3339_seconds(st.loaded_at).to_string(),
+                "policy_source": shared.config.policy.source.describe(),
+                "policies": st.policies.policies.len(),
+                "sandboxes": st.policies.sandboxes.len(),
+                "last_reload_error": shared.store.last_error(),
+                "draining": shared.draining.load(Ordering::Relaxed),
+                "in_flight": shared.tasks.len(),
+            });
+            reply(StatusCode::OK, "application/json", body.to_string())
+        }
+        (&Method::POST, "/v1/reload") => {
+            if !authorized(&req, peer, shared.config.admin.token.as_deref()) {
+                return reply(
+                    StatusCode::UNAUTHORIZED,
+                    "application/json",
+                    r#"{"error":"admin token required (Authorization: Bearer ...)"}"#.into(),
+                );
+            }
+            match shared.store.reload(&shared.config) {
+                Ok(generation) => reply(
+                    StatusCode::OK,
+                    "application/json",
+                    serde_json::json!({ "reloaded": true, "policy_generation": generation }).to_string(),
+                ),
+                Err(e) => reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "application/json",
+                    serde_json::json!({ "reloaded": false, "error": e.to_string(),
+                        "policy_generation": shared.store.snapshot().generation })
+                    .to_string(),
+                ),
+            }
+        }
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+fn authorized(req: &Request<Incoming>, peer: SocketAddr, token: Option<&str>) -> bool {
+    match token {
+        None => peer.ip().is_loopback(),
+        Some(expected) => req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|got| bool::from(got.as_bytes().ct_eq(expected.as_bytes()))),
+    }
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    resp
+}

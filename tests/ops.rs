@@ -1,0 +1,181 @@
+//! Running it in production: the admin listener (metrics, health, readiness, status,
+//! reload), reload by signal, and the drain on SIGTERM.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use support::raw::{self, status};
+use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy};
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let resp =
+        raw::request(addr, format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes());
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status(&resp), body)
+}
+
+fn post(addr: SocketAddr, path: &str, auth: Option<&str>) -> (u16, String) {
+    let auth = auth.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let req = format!("POST {path} HTTP/1.1\r\nHost: admin\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n");
+    let resp = raw::request(addr, req.as_bytes());
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status(&resp), body)
+}
+
+fn scrape(gw: &TestGateway) -> prometheus_parse::Scrape {
+    let (code, text) = get(gw.admin_addr(), "/metrics");
+    assert_eq!(code, 200);
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text")
+}
+
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+            prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[test]
+fn metrics_are_scraped_and_labels_stay_bounded() {
+    let origin = TestOrigin::http();
+    let config = format!(
+        "{STANDARD_CONFIG}\n[dns]\nlisten = \"127.0.0.1:0\"\nhostnames = [\"gateway.sandbox.internal\"]\naddresses = [\"127.0.0.1\"]\n"
+    );
+    let gw = TestGateway::start(&config, &standard_policy());
+    let proxy = gw.proxy_url("sbx-a", TOKEN_A);
+    assert_eq!(curl(&["-x", &proxy, &format!("http://origin.test:{}/bytes/5000", origin.port())]).status, 200);
+    assert_eq!(curl(&["-x", &proxy, &format!("http://example.com:{}/", origin.port())]).status, 403);
+    let dns = gw.dns_addr();
+    let q = support::dns::query("pypi.org.", hickory_proto::rr::RecordType::A, None);
+    support::dns::udp(dns, &q);
+
+    let s = scrape(&gw);
+    assert_eq!(value(&s, "egress_proxy_requests_total", &[("kind", "forward"), ("decision", "allow")]), 1.0);
+    assert_eq!(value(&s, "egress_proxy_denials_total", &[("reason", "host_not_allowed")]), 1.0);
+    assert!(value(&s, "egress_proxy_bytes_total", &[("kind", "forward"), ("direction", "down")]) >= 5000.0);
+    assert_eq!(value(&s, "egress_dns_queries_total", &[("result", "blocked"), ("transport", "udp")]), 1.0);
+    assert_eq!(value(&s, "egress_policy_generation", &[]), 1.0);
+    assert!(s.samples.iter().any(|x| x.metric.starts_with("egress_proxy_request_duration_seconds")));
+    let (_, text) = get(gw.admin_addr(), "/metrics");
+    for secret in ["origin.test", "example.com", "sbx-a", TOKEN_A, "pypi.org"] {
+        assert!(!text.contains(secret), "{secret} must not appear in metrics");
+    }
+}
+
+#[test]
+fn health_readiness_and_status() {
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let admin = gw.admin_addr();
+    assert_eq!(get(admin, "/healthz").0, 200);
+    assert_eq!(get(admin, "/readyz").0, 200);
+    let (code, body) = get(admin, "/v1/status");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["policy_generation"], 1);
+    assert_eq!(v["sandboxes"], 3);
+    assert!(v["last_reload_error"].is_null());
+    assert_eq!(get(admin, "/nope").0, 404);
+}
+
+fn deny_status(gw: &TestGateway, origin: &TestOrigin) -> u16 {
+    curl(&["-x", &gw.proxy_url("sbx-b", support::TOKEN_B), &format!("http://origin.test:{}/echo", origin.port())])
+        .status
+}
+
+#[test]
+fn reload_by_http_and_signal_keeps_old_policy_on_error() {
+    let origin = TestOrigin::http();
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let admin = gw.admin_addr();
+    let policy_file = gw.dir.path().join("policy/test.toml");
+    assert_eq!(deny_status(&gw, &origin), 403, "sbx-b may not reach origin.test yet");
+
+    // Allow origin.test for policy b, reload over HTTP (loopback, no token configured).
+    let widened =
+        standard_policy().replace("allow = [\"b-only.test:*\"]", "allow = [\"b-only.test:*\", \"origin.test:*\"]");
+    std::fs::write(&policy_file, &widened).unwrap();
+    let (code, body) = post(admin, "/v1/reload", None);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"policy_generation\":2"), "{body}");
+    assert_eq!(deny_status(&gw, &origin), 200);
+
+    // A broken file: 422, the old policy stays, status says why.
+    std::fs::write(&policy_file, "[policies.b]\nallow = [\"*\"]\n").unwrap();
+    let (code, body) = post(admin, "/v1/reload", None);
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("test.toml") && body.contains("policies.b.allow[0]"), "{body}");
+    assert_eq!(deny_status(&gw, &origin), 200, "previous policy still in force");
+    let (_, status_body) = get(admin, "/v1/status");
+    assert!(status_body.contains("policies.b.allow[0]"), "{status_body}");
+    let s = scrape(&gw);
+    assert_eq!(value(&s, "egress_policy_reloads_total", &[("result", "error")]), 1.0);
+
+    // Revert by SIGHUP.
+    std::fs::write(&policy_file, standard_policy()).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded" && v["generation"] == 3);
+    assert_eq!(deny_status(&gw, &origin), 403);
+}
+
+#[test]
+fn reload_requires_the_admin_token_when_one_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_path = dir.path().join("admin-token");
+    std::fs::write(&token_path, "admin-secret-0123456789\n").unwrap();
+    let config =
+        format!("{STANDARD_CONFIG}\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n", token_path.display());
+    let gw = TestGateway::start(&config, &standard_policy());
+    let admin = gw.admin_addr();
+    assert_eq!(post(admin, "/v1/reload", None).0, 401);
+    assert_eq!(post(admin, "/v1/reload", Some("wrong-wrong-wrong-wrong")).0, 401);
+    assert_eq!(post(admin, "/v1/reload", Some("admin-secret-0123456789")).0, 200);
+    assert!(!gw.log_text().contains("admin-secret"));
+}
+
+#[test]
+fn sigterm_drains_in_flight_downloads() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG
+        .replace("[drain]\ndelay = \"0s\"\ntimeout = \"2s\"", "[drain]\ndelay = \"1s\"\ntimeout = \"10s\"");
+    let mut gw = TestGateway::start(&config, &standard_policy());
+    let admin = gw.admin_addr();
+    let proxy = gw.addr;
+
+    // A 3-second download (30 chunks, 100 ms apart) started before the signal.
+    let mut download = raw::connect(proxy);
+    let req = format!(
+        "GET http://origin.test:{}/slow/30/100 HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    download.write_all(req.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let signalled = Instant::now();
+    gw.signal("TERM");
+
+    gw.wait_for_log(Duration::from_secs(2), |v| v["msg"].as_str().is_some_and(|m| m.starts_with("draining")));
+    assert_eq!(get(admin, "/readyz").0, 503, "not ready at once");
+    // During the delay new connections are still served.
+    let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{}/echo", origin.port())]);
+    assert_eq!(out.status, 200, "{out:?}");
+    // After it, the listener is gone.
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(signalled.elapsed()));
+    assert!(std::net::TcpStream::connect(proxy).is_err(), "new connections refused after the delay");
+
+    let body = raw::read_all(&mut download);
+    assert!(body.starts_with("HTTP/1.1 200"), "{}", &body[..body.len().min(100)]);
+    assert!(body.matches('s').count() >= 30 * 1024, "the whole download arrived");
+    let code = gw.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0));
+    assert!(signalled.elapsed() < Duration::from_secs(8));
+}
