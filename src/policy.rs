@@ -4,6 +4,7 @@
 //! benches all decide with [`Policy::decide`].
 
 pub mod decision;
+pub mod git;
 pub mod hosts;
 pub mod net;
 pub mod rule;
@@ -12,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use decision::{Decision, DenyReason, RuleList, RuleSource, Verdict};
+use git::{GitRuleError, GitRules};
 use hosts::{HostEntry, HostRules};
 use net::{NetEntry, NetRules};
 pub use rule::{HostPattern, PortSpec, Rule, RuleError, parse_rule};
@@ -42,6 +44,7 @@ pub struct Policy {
     rules: Vec<RuleSource>,
     allow: RuleSet,
     deny: RuleSet,
+    git: GitRules,
 }
 
 impl Policy {
@@ -54,6 +57,7 @@ impl Policy {
                 rules: Vec::new(),
                 allow: RuleSet::default(),
                 deny: RuleSet::default(),
+                git: GitRules::default(),
             },
         }
     }
@@ -74,6 +78,38 @@ impl Policy {
     /// is a deny. The decision names the rule that matched.
     pub fn decide(&self, target: &Target) -> Decision<'_> {
         Decision { verdict: self.verdict(target), report_only: self.mode == Mode::Report }
+    }
+
+    /// Whether `repo` (`owner/name`) may be read, or written when `write`. A signed
+    /// token's `repos` claim may narrow the policy (`narrow`); it can never widen it.
+    pub fn decide_git(&self, repo: &str, write: bool, narrow: Option<&[String]>) -> Decision<'_> {
+        let verdict = match self.git.repo_rule(repo).and_then(|i| self.rules.get(i)) {
+            None => Verdict::Deny { reason: DenyReason::RepoNotConnected, rule: None },
+            Some(_) if narrow.is_some_and(|n| !n.iter().any(|r| r.eq_ignore_ascii_case(repo))) => {
+                Verdict::Deny { reason: DenyReason::RepoNotConnected, rule: None }
+            }
+            Some(rule) if write && !self.git.push_enabled() => {
+                Verdict::Deny { reason: DenyReason::GitWriteDenied, rule: Some(rule) }
+            }
+            Some(rule) => Verdict::Allow { rule },
+        };
+        Decision { verdict, report_only: self.mode == Mode::Report }
+    }
+
+    /// Whether a push may update `refname` (`delete` when the new value is zero).
+    pub fn decide_ref(&self, refname: &str, delete: bool) -> Decision<'_> {
+        let verdict = match self.git.push_rule(refname).and_then(|i| self.rules.get(i)) {
+            Some(rule) if delete && !self.git.allow_delete => {
+                Verdict::Deny { reason: DenyReason::GitRefDenied, rule: Some(rule) }
+            }
+            Some(rule) => Verdict::Allow { rule },
+            None => Verdict::Deny { reason: DenyReason::GitRefDenied, rule: None },
+        };
+        Decision { verdict, report_only: self.mode == Mode::Report }
+    }
+
+    pub fn allows_ref_deletion(&self) -> bool {
+        self.git.allow_delete
     }
 
     fn verdict(&self, target: &Target) -> Verdict<'_> {
@@ -121,14 +157,30 @@ pub struct PolicyBuilder {
 }
 
 impl PolicyBuilder {
-    /// Parses and adds one rule. `location` is `file:line` for messages and `check`.
+    /// Adds one `git.repos` (`OWNER/REPO` glob) or `git.push` (ref glob) rule.
+    pub fn add_git(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), GitRuleError> {
+        let idx = self.policy.rules.len();
+        match list {
+            RuleList::GitPush => self.policy.git.add_push(text, idx)?,
+            _ => self.policy.git.add_repo(text, idx)?,
+        }
+        self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
+        Ok(())
+    }
+
+    /// Lets pushes delete refs that `git.push` matches.
+    pub fn allow_ref_deletion(&mut self, allow: bool) {
+        self.policy.git.allow_delete = allow;
+    }
+
+    /// Parses and adds one host rule (`allow` or `deny`). `location` is `file:line`.
     pub fn add(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), RuleError> {
         let rule = parse_rule(text)?;
         let idx = self.policy.rules.len();
         self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
         let set = match list {
-            RuleList::Allow => &mut self.policy.allow,
             RuleList::Deny => &mut self.policy.deny,
+            _ => &mut self.policy.allow,
         };
         let entry = HostEntry { ports: rule.ports, rule: idx };
         match rule.pattern {
@@ -226,6 +278,29 @@ mod tests {
         assert_eq!(decide(&p, "a.example.com:80").0, "allow");
         assert_eq!(decide(&p, "203.0.113.7:443").0, "allow");
         assert_eq!(decide(&p, "203.0.113.8:443").1, Some(DenyReason::HostNotAllowed));
+    }
+
+    #[test]
+    fn git_repos_writes_refs_and_narrowing() {
+        let mut b = Policy::builder("g", Mode::Enforce, &[443]);
+        b.add_git(RuleList::GitRepos, "acme/widgets", "t:1").unwrap();
+        b.add_git(RuleList::GitRepos, "acme/tools-*", "t:2").unwrap();
+        let read_only = b.build();
+        assert_eq!(read_only.decide_git("acme/widgets", false, None).label(), "allow");
+        assert_eq!(read_only.decide_git("acme/other", false, None).reason(), Some(DenyReason::RepoNotConnected));
+        assert_eq!(read_only.decide_git("acme/widgets", true, None).reason(), Some(DenyReason::GitWriteDenied));
+
+        let mut b = Policy::builder("g", Mode::Enforce, &[443]);
+        b.add_git(RuleList::GitRepos, "acme/*", "t:1").unwrap();
+        b.add_git(RuleList::GitPush, "refs/heads/agent/*", "t:2").unwrap();
+        let p = b.build();
+        assert_eq!(p.decide_git("acme/widgets", true, None).label(), "allow");
+        let narrow = vec!["acme/tools".to_string()];
+        assert_eq!(p.decide_git("acme/widgets", false, Some(&narrow)).reason(), Some(DenyReason::RepoNotConnected));
+        assert_eq!(p.decide_git("ACME/Tools", false, Some(&narrow)).label(), "allow");
+        assert_eq!(p.decide_ref("refs/heads/agent/x", false).label(), "allow");
+        assert_eq!(p.decide_ref("refs/heads/main", false).reason(), Some(DenyReason::GitRefDenied));
+        assert_eq!(p.decide_ref("refs/heads/agent/x", true).reason(), Some(DenyReason::GitRefDenied));
     }
 
     #[test]

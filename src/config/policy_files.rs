@@ -101,6 +101,22 @@ fn compile(sources: &[Source], default_mode: Mode, ports: &[u16]) -> Result<Poli
                     })?;
                 }
             }
+            if let Some(git) = &def.git {
+                for (list, rules) in [(RuleList::GitRepos, &git.repos), (RuleList::GitPush, &git.push)] {
+                    for (i, rule) in rules.iter().enumerate() {
+                        let line = src.line_of(rule.span().start);
+                        let location = format!("{}:{line}", src.file);
+                        b.add_git(list, rule.get_ref(), &location).map_err(|e| {
+                            ConfigError::invalid(
+                                &src.file,
+                                format!("policies.{name}.{}[{i}] (line {line})", list.key()),
+                                e,
+                            )
+                        })?;
+                    }
+                }
+                b.allow_ref_deletion(git.allow_delete);
+            }
             defined_in.insert(name.clone(), src.file.clone());
             policies.insert(name, Arc::new(b.build()));
         }

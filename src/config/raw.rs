@@ -203,6 +203,18 @@ pub struct RawPolicy {
     pub allow: Vec<Spanned<String>>,
     pub deny: Vec<Spanned<String>>,
     pub mode: Option<Mode>,
+    pub git: Option<RawGit>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawGit {
+    /// `OWNER/REPO` globs the sandboxes may clone and fetch.
+    pub repos: Vec<Spanned<String>>,
+    /// Ref globs they may push to; empty: read-only.
+    pub push: Vec<Spanned<String>>,
+    /// Let pushes delete matching refs.
+    pub allow_delete: bool,
 }
 
 #[derive(Debug, Deserialize)]

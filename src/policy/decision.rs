@@ -94,6 +94,22 @@ impl fmt::Display for DenyReason {
 pub enum RuleList {
     Allow,
     Deny,
+    /// `git.repos`
+    GitRepos,
+    /// `git.push`
+    GitPush,
+}
+
+impl RuleList {
+    /// The key under `policies.NAME` that holds rules of this list.
+    pub fn key(self) -> &'static str {
+        match self {
+            RuleList::Allow => "allow",
+            RuleList::Deny => "deny",
+            RuleList::GitRepos => "git.repos",
+            RuleList::GitPush => "git.push",
+        }
+    }
 }
 
 /// A policy rule as written, with where it was written.
@@ -107,11 +123,7 @@ pub struct RuleSource {
 
 impl fmt::Display for RuleSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = match self.list {
-            RuleList::Allow => "allow",
-            RuleList::Deny => "deny",
-        };
-        write!(f, "{list} {:?}", self.text)
+        write!(f, "{} {:?}", self.list.key(), self.text)
     }
 }
 
