@@ -45,6 +45,8 @@ pub struct AccessRecord {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub vpce: Option<String>,
+    /// Set only when the shadow policies decide differently.
+    pub shadow_decision: Option<&'static str>,
 }
 
 /// Longest raw target echoed into logs and error bodies.
@@ -78,6 +80,7 @@ impl AccessRecord {
             bytes_up: 0,
             bytes_down: 0,
             vpce: None,
+            shadow_decision: None,
         }
     }
 
@@ -120,6 +123,7 @@ impl AccessRecord {
             duration_ms,
             client_addr = %self.client_addr,
             vpce = self.vpce.as_deref(),
+            shadow_decision = self.shadow_decision,
         );
     }
 }

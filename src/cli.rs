@@ -25,6 +25,13 @@ pub enum Command {
         #[arg(long)]
         listen: Option<SocketAddr>,
     },
+    /// Dry-run: may sandbox S reach TARGET, and by which rule? Exit 0 allow, 1 deny, 2 error.
+    Check(CheckArgs),
+    /// Policy authoring: test, lint, replay, diff.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// Configuration commands.
     Config {
         #[command(subcommand)]
@@ -34,6 +41,70 @@ pub enum Command {
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Gateway config file (TOML). Without it, the built-in demo.
+    #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The sandbox id.
+    #[arg(long)]
+    pub sandbox: String,
+    /// host:port, a URL (https://pypi.org/simple/), or a git URL (https://github.com/OWNER/REPO.git).
+    pub target: String,
+    /// Check a push of this ref (git URLs only), e.g. refs/heads/agent/x.
+    #[arg(long)]
+    pub push: Option<String>,
+    /// Also resolve the name with the gateway's resolver and vet each address.
+    #[arg(long)]
+    pub resolve: bool,
+    /// Also check that this token authenticates the sandbox.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Run table-driven policy test files ([[case]] sandbox, target, expect, reason, push).
+    Test {
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        /// Test files (TOML).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Report errors and likely mistakes in the policy files.
+    Lint {
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        /// Exit 1 on warnings too (for CI).
+        #[arg(long)]
+        deny_warnings: bool,
+    },
+    /// Re-decide every request of an access log under a (new) policy and summarise what changes.
+    /// Exit 1 if anything allowed before would be denied.
+    Replay {
+        /// Access log (JSON lines, as the gateway writes them).
+        #[arg(long)]
+        log: PathBuf,
+        /// The config whose policies to replay against.
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Semantic diff of two policy directories, per policy and per sandbox.
+    Diff {
+        /// Config for defaults (egress.ports, policy.mode); its policy.dir is ignored.
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        old_dir: PathBuf,
+        new_dir: PathBuf,
     },
 }
 

@@ -8,7 +8,7 @@ pub mod validate;
 use std::path::Path;
 
 pub use error::{ConfigError, DisplayPath};
-pub use policy_files::load_policies;
+pub use policy_files::{load_policies, load_shadow};
 pub use validate::{
     AdminConfig, BlockMode, Config, DnsConfig, DrainConfig, LogConfig, LogFormat, PolicyConfig, PolicySource,
     ProxyConfig, RateLimitAction, ResolverConfig,

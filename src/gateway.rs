@@ -52,6 +52,7 @@ impl Gateway {
     pub async fn bind(config: Config) -> Result<Gateway, GatewayError> {
         crate::metrics::install();
         let policies = config::load_policies(&config)?;
+        let shadow = config::load_shadow(&config)?;
         let resolver = Resolver::new(&config.resolver, config.egress.filter.clone(), config.proxy.connect_timeout)
             .map_err(GatewayError::Resolver)?;
         let resolver = Arc::new(resolver);
@@ -75,7 +76,7 @@ impl Gateway {
             None => None,
         };
         let shared = Arc::new(Shared {
-            store: Store::new(policies),
+            store: Store::new(policies, shadow),
             config,
             resolver,
             client,

@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use egress_gateway::cli::{Cli, Command, ConfigCommand, TokenCommand, read_token_from_stdin};
+use egress_gateway::cli::{Cli, Command, ConfigCommand, PolicyCommand, TokenCommand, read_token_from_stdin};
+use egress_gateway::commands;
 use egress_gateway::config::{self, Config};
 use egress_gateway::gateway::{Gateway, Shutdown};
 use egress_gateway::{auth, demo, telemetry};
@@ -25,6 +26,15 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { config, listen } => serve(config, listen),
+        Command::Check(args) => report(|out| commands::check::run(&args, out)),
+        Command::Policy { command } => report(|out| match &command {
+            PolicyCommand::Test { config, files } => commands::test_file::run(config.as_ref(), files, out),
+            PolicyCommand::Lint { config, deny_warnings } => commands::lint::run(config.as_ref(), *deny_warnings, out),
+            PolicyCommand::Replay { log, config, json } => commands::replay::run(log, config.as_ref(), *json, out),
+            PolicyCommand::Diff { config, old_dir, new_dir } => {
+                commands::diff::run(config.as_ref(), old_dir, new_dir, out)
+            }
+        }),
         Command::Config { command: ConfigCommand::Validate { config } } => {
             let cfg = load_or_demo(config)?.0;
             let set = config::load_policies(&cfg)?;
@@ -50,6 +60,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Runs an offline command with standard output as its report; its value is the exit code.
+fn report(f: impl FnOnce(&mut dyn std::io::Write) -> anyhow::Result<u8>) -> anyhow::Result<ExitCode> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let code = f(&mut out)?;
+    std::io::Write::flush(&mut out)?;
+    Ok(ExitCode::from(code))
 }
 
 /// The config from `path`, or the built-in demo (with its generated token).

@@ -22,6 +22,8 @@ pub const PROXY_CONNECTIONS_REFUSED: &str = "egress_proxy_connections_refused_to
 /// `result` = ok|error.
 pub const POLICY_RELOADS: &str = "egress_policy_reloads_total";
 pub const POLICY_GENERATION: &str = "egress_policy_generation";
+/// `live`, `shadow` = allow|deny|would_deny.
+pub const POLICY_SHADOW_DISAGREEMENTS: &str = "egress_policy_shadow_disagreements_total";
 /// `result` = answered|nodata|blocked|refused|formerr|notimp|rate_limited,
 /// `transport` = udp|tcp.
 pub const DNS_QUERIES: &str = "egress_dns_queries_total";
@@ -74,6 +76,11 @@ fn describe() {
     describe_counter!(PROXY_CONNECTIONS_REFUSED, Unit::Count, "Connections closed at proxy.max_connections");
     describe_counter!(POLICY_RELOADS, Unit::Count, "Policy reloads, by result");
     describe_gauge!(POLICY_GENERATION, Unit::Count, "Generation of the policies in force");
+    describe_counter!(
+        POLICY_SHADOW_DISAGREEMENTS,
+        Unit::Count,
+        "Requests the shadow policies decide differently from the live ones"
+    );
     describe_counter!(DNS_QUERIES, Unit::Count, "DNS queries answered by the DNS firewall, by result and transport");
     describe_histogram!(DNS_DURATION, Unit::Seconds, "Time to answer one DNS query");
     describe_counter!(DNS_TCP_REFUSED, Unit::Count, "DNS TCP connections closed at the connection cap");

@@ -70,6 +70,11 @@ impl Policy {
         self.mode
     }
 
+    /// The ports a host rule without `:PORT` allows.
+    pub fn default_ports(&self) -> &[u16] {
+        &self.default_ports
+    }
+
     pub fn rules(&self) -> &[RuleSource] {
         &self.rules
     }

@@ -98,10 +98,16 @@ fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<Pr
     finish(rec, reason, None, resp)
 }
 
-/// Records and answers a policy denial.
-fn deny_by_policy(rec: &mut AccessRecord, decision: &Decision<'_>, reason: DenyReason) -> Response<ProxyBody> {
+/// Records and answers a policy denial, with the same hint `check` gives.
+fn deny_by_policy(
+    rec: &mut AccessRecord,
+    policy: &crate::policy::Policy,
+    subject: &crate::dryrun::Subject,
+    decision: &Decision<'_>,
+    reason: DenyReason,
+) -> Response<ProxyBody> {
     let rule = decision.rule();
-    let hint = hint_for(reason, &rec.target, rec.policy.as_deref().unwrap_or(""), rule.map(|r| r.location.as_str()));
+    let hint = crate::dryrun::hint(policy, reason, subject, decision);
     let resp = respond::deny(
         reason,
         &Denial {
@@ -112,8 +118,8 @@ fn deny_by_policy(rec: &mut AccessRecord, decision: &Decision<'_>, reason: DenyR
             hint,
         },
     );
-    rec.rule = rule.map(|r| r.text.clone());
-    finish(rec, reason, rec.rule.clone(), resp)
+    let rule = rule.map(|r| r.text.clone());
+    finish(rec, reason, rule, resp)
 }
 
 fn finish(
@@ -130,14 +136,18 @@ fn finish(
     resp
 }
 
-fn hint_for(reason: DenyReason, target: &str, policy: &str, location: Option<&str>) -> Option<String> {
-    match reason {
-        DenyReason::HostNotAllowed | DenyReason::PortNotAllowed => {
-            Some(format!("to allow it, add \"{target}\" to policies.{policy}.allow"))
-        }
-        DenyReason::HostDenied => location.map(|l| format!("denied by the rule at {l}")),
-        DenyReason::AuthRequired | DenyReason::AuthInvalid => Some(AUTH_HINT.to_string()),
-        _ => None,
+/// Decides `subject` under the shadow policies too; a disagreement is recorded on the
+/// access record and counted. Never changes what happens to the request.
+fn shadow_compare(rec: &mut AccessRecord, state: &State, sandbox: &str, subject: &crate::dryrun::Subject) {
+    let Some(shadow) = &state.shadow else { return };
+    let shadow_label = match shadow.sandbox(sandbox) {
+        Some(s) => crate::dryrun::decide(&s.policy, subject).label(),
+        None => "deny",
+    };
+    if shadow_label != rec.decision {
+        rec.shadow_decision = Some(shadow_label);
+        ::metrics::counter!(crate::metrics::POLICY_SHADOW_DISAGREEMENTS, "live" => rec.decision, "shadow" => shadow_label)
+            .increment(1);
     }
 }
 

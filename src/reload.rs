@@ -17,6 +17,8 @@ pub struct State {
     /// Starts at 1 and grows by one on every successful reload.
     pub generation: u64,
     pub policies: PolicySet,
+    /// Decided alongside for comparison (`policy.shadow_dir`); never enforced.
+    pub shadow: Option<PolicySet>,
     pub loaded_at: SystemTime,
 }
 
@@ -27,10 +29,10 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(policies: PolicySet) -> Self {
+    pub fn new(policies: PolicySet, shadow: Option<PolicySet>) -> Self {
         ::metrics::gauge!(metrics::POLICY_GENERATION).set(1.0);
         Store {
-            current: ArcSwap::from_pointee(State { generation: 1, policies, loaded_at: SystemTime::now() }),
+            current: ArcSwap::from_pointee(State { generation: 1, policies, shadow, loaded_at: SystemTime::now() }),
             next_generation: AtomicU64::new(2),
             last_error: Mutex::new(None),
         }
@@ -48,9 +50,10 @@ impl Store {
     /// Loads the policies named by `config` and swaps them in; on error the current
     /// state stays. Logs and counts either way.
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
-        let result = config::load_policies(config).map(|policies| {
+        let loaded = config::load_policies(config).and_then(|p| Ok((p, config::load_shadow(config)?)));
+        let result = loaded.map(|(policies, shadow)| {
             let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-            self.current.store(Arc::new(State { generation, policies, loaded_at: SystemTime::now() }));
+            self.current.store(Arc::new(State { generation, policies, shadow, loaded_at: SystemTime::now() }));
             generation
         });
         let message = match &result {

@@ -46,6 +46,19 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
     compile(&sources, config.policy.mode, &config.egress.ports)
 }
 
+/// Loads the shadow policies, if `policy.shadow_dir` is set.
+pub fn load_shadow(config: &Config) -> Result<Option<PolicySet>, ConfigError> {
+    let Some(dir) = &config.policy.shadow else { return Ok(None) };
+    if !dir.is_dir() {
+        return Err(ConfigError::invalid(
+            &config.file,
+            "policy.shadow_dir",
+            format!("expected a directory of policy files, {} is not one", dir.display()),
+        ));
+    }
+    compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports).map(Some)
+}
+
 /// The `*.toml` files of `dir`, sorted by name so that load order is stable.
 pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::Read { file: dir.into(), source: e })?;

@@ -142,11 +142,13 @@ impl Default for RawEgress {
 pub struct RawPolicySection {
     pub dir: String,
     pub mode: Mode,
+    /// A second policy directory decided alongside, for comparison only; empty: none.
+    pub shadow_dir: String,
 }
 
 impl Default for RawPolicySection {
     fn default() -> Self {
-        RawPolicySection { dir: "policy".to_string(), mode: Mode::Enforce }
+        RawPolicySection { dir: "policy".to_string(), mode: Mode::Enforce, shadow_dir: String::new() }
     }
 }
 

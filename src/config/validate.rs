@@ -141,6 +141,9 @@ impl PolicySource {
 pub struct PolicyConfig {
     pub source: PolicySource,
     pub mode: Mode,
+    /// Shadow policies: every request is also decided under them and disagreements are
+    /// logged and counted, without affecting traffic.
+    pub shadow: Option<PathBuf>,
 }
 
 const MIN_HEADER_BYTES: usize = 1024;
@@ -236,8 +239,9 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let egress = EgressConfig { filter: EgressFilter::new(deny, allow), ports: raw.egress.ports };
 
     let dir = PathBuf::from(&raw.policy.dir);
-    let dir = if dir.is_absolute() { dir } else { base_dir.join(dir) };
-    let policy = PolicyConfig { source: PolicySource::Dir(dir), mode: raw.policy.mode };
+    let dir = if dir.is_absolute() { dir } else { clean_path(&base_dir.join(dir)) };
+    let shadow = (!raw.policy.shadow_dir.is_empty()).then(|| clean_path(&base_dir.join(&raw.policy.shadow_dir)));
+    let policy = PolicyConfig { source: PolicySource::Dir(dir), mode: raw.policy.mode, shadow };
 
     let dns = raw.dns.map(|d| validate_dns(d, file)).transpose()?;
     let admin = validate_admin(raw.admin, file, base_dir)?;
@@ -336,4 +340,21 @@ fn validate_dns(d: super::raw::RawDns, file: &DisplayPath) -> Result<DnsConfig, 
         udp_sockets: d.udp_sockets,
         log_blocked_per_second: d.log_blocked_per_second,
     })
+}
+
+/// Removes `.` and resolvable `..` components lexically, so messages show
+/// `policy/example.toml` rather than `config/../policy/example.toml`.
+pub fn clean_path(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.components().next_back(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    if out.as_os_str().is_empty() { PathBuf::from(".") } else { out }
 }

@@ -46,9 +46,11 @@ pub async fn handle(
     };
     let decision = sandbox.policy.decide(&target);
     record_decision(&mut rec, sandbox, &decision);
+    let subject = crate::dryrun::Subject::Host(target.clone());
+    super::shadow_compare(&mut rec, &state, &sandbox.id, &subject);
     if !decision.permits() {
         let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
-        return deny_by_policy(&mut rec, &decision, reason);
+        return deny_by_policy(&mut rec, &sandbox.policy, &subject, &decision, reason);
     }
 
     let (upstream, upstream_addr) = match shared.resolver.dial(&target).await {

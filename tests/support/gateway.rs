@@ -26,11 +26,19 @@ impl TestGateway {
     /// Starts the gateway with `config` (sections other than `[log]` and `[policy]`) and
     /// one policy file.
     pub fn start(config: &str, policy: &str) -> TestGateway {
+        Self::start_with_policy_section(config, policy, "")
+    }
+
+    /// Like [`start`], with extra keys for the `[policy]` section (which the harness
+    /// writes itself).
+    pub fn start_with_policy_section(config: &str, policy: &str, policy_keys: &str) -> TestGateway {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
         std::fs::write(dir.path().join("policy/test.toml"), policy).expect("write policy");
         let admin = if config.contains("[admin]") { "" } else { "[admin]\nlisten = \"127.0.0.1:0\"\n" };
-        let cfg = format!("[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{admin}{config}");
+        let cfg = format!(
+            "[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{policy_keys}{admin}{config}"
+        );
         std::fs::write(dir.path().join("gateway.toml"), cfg).expect("write config");
         Self::spawn(dir)
     }

@@ -1,0 +1,154 @@
+//! `egress-gateway check`: may sandbox S reach TARGET, and by which rule?
+
+use std::io::Write;
+
+use crate::auth::{self, Credentials};
+use crate::cli::CheckArgs;
+use crate::config::{self, Config};
+use crate::dryrun::{self, Answer, Subject};
+use crate::policy::DenyReason;
+use crate::resolve::{DialError, Resolver};
+
+/// One resolved address and what vetting says about it.
+#[derive(Debug, serde::Serialize)]
+pub struct AddressVerdict {
+    pub address: String,
+    pub allowed: bool,
+    pub denied_by: Option<String>,
+}
+
+pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
+    let cfg = super::load_config(args.config.as_ref())?;
+    let set = config::load_policies(&cfg)?;
+    let subject = dryrun::parse_subject(&args.target, args.push.as_deref()).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        set.sandbox(&args.sandbox).is_some(),
+        "unknown sandbox {:?} (defined: {})",
+        args.sandbox,
+        known_sandboxes(&set)
+    );
+    let mut answer = dryrun::evaluate(&set, &args.sandbox, &subject);
+
+    let mut token_ok = None;
+    if let Some(token) = &args.token {
+        let ok = auth::authenticate(&set, &Credentials::new(&args.sandbox, token)).is_ok();
+        token_ok = Some(ok);
+        if !ok {
+            deny(&mut answer, DenyReason::AuthInvalid, "the token does not authenticate this sandbox".into());
+        }
+    }
+
+    let mut addresses = None;
+    if args.resolve
+        && let Subject::Host(target) = &subject
+    {
+        let verdicts = resolve(&cfg, target)?;
+        match &verdicts {
+            Err(e) if answer.permits() => deny(&mut answer, DenyReason::ResolveFailed, e.clone()),
+            Ok(list) if answer.permits() && !list.iter().any(|a| a.allowed) => {
+                deny(&mut answer, DenyReason::AddressDenied, "every address is in egress.deny".into())
+            }
+            _ => {}
+        }
+        addresses = Some(verdicts);
+    }
+
+    if args.json {
+        let mut v = serde_json::to_value(&answer)?;
+        if let Some(ok) = token_ok {
+            v["token_valid"] = ok.into();
+        }
+        match &addresses {
+            Some(Ok(list)) => v["addresses"] = serde_json::to_value(list)?,
+            Some(Err(e)) => v["resolve_error"] = e.clone().into(),
+            None => {}
+        }
+        writeln!(out, "{v}")?;
+    } else {
+        print_human(out, &answer, token_ok, addresses.as_ref())?;
+    }
+    Ok(if answer.permits() { 0 } else { 1 })
+}
+
+fn deny(answer: &mut Answer, reason: DenyReason, hint: String) {
+    answer.decision = "deny";
+    answer.reason = Some(reason.code());
+    answer.hint = Some(hint);
+}
+
+fn known_sandboxes(set: &crate::policy::PolicySet) -> String {
+    let mut ids: Vec<&str> = set.sandboxes.keys().map(String::as_str).collect();
+    ids.sort_unstable();
+    ids.truncate(10);
+    if ids.is_empty() { "none".into() } else { ids.join(", ") }
+}
+
+fn resolve(cfg: &Config, target: &crate::addr::Target) -> anyhow::Result<Result<Vec<AddressVerdict>, String>> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let resolver = Resolver::new(&cfg.resolver, cfg.egress.filter.clone(), cfg.proxy.connect_timeout)?;
+        let ips = match resolver.resolve(&target.host).await {
+            Ok(ips) => ips,
+            Err(DialError::ResolveFailed(e)) => return Ok(Err(e)),
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        Ok(Ok(ips
+            .into_iter()
+            .map(|ip| match resolver.filter().vet(ip) {
+                Ok(c) => AddressVerdict { address: c.to_string(), allowed: true, denied_by: None },
+                Err(d) => {
+                    AddressVerdict { address: d.addr.to_string(), allowed: false, denied_by: Some(d.net.to_string()) }
+                }
+            })
+            .collect()))
+    })
+}
+
+fn print_human(
+    out: &mut dyn Write,
+    a: &Answer,
+    token_ok: Option<bool>,
+    addresses: Option<&Result<Vec<AddressVerdict>, String>>,
+) -> std::io::Result<()> {
+    let head = match a.decision {
+        "allow" => "ALLOW",
+        "would_deny" => "ALLOW",
+        _ => "DENY ",
+    };
+    let policy = a.policy.as_deref().unwrap_or("-");
+    write!(out, "{head}  {} -> {}  (policy {policy})", a.sandbox, a.target)?;
+    if a.decision == "would_deny" {
+        write!(out, "  report mode: enforce would deny")?;
+    }
+    writeln!(out)?;
+    if let Some(reason) = a.reason {
+        let message = DenyReason::ALL.iter().find(|r| r.code() == reason).map_or("", |r| r.message());
+        writeln!(out, "  reason:  {reason}: {message}")?;
+    }
+    if let Some(rule) = &a.rule {
+        let list = a.rule_list.unwrap_or("");
+        match &a.rule_location {
+            Some(at) => writeln!(out, "  rule:    {list} {rule:?} at {at}")?,
+            None => writeln!(out, "  rule:    {list} {rule:?}")?,
+        }
+    }
+    if let Some(hint) = &a.hint {
+        writeln!(out, "  hint:    {hint}")?;
+    }
+    if let Some(ok) = token_ok {
+        writeln!(out, "  token:   {}", if ok { "valid for this sandbox" } else { "NOT valid for this sandbox" })?;
+    }
+    match addresses {
+        Some(Ok(list)) => {
+            for v in list {
+                match &v.denied_by {
+                    None => writeln!(out, "  address: {:<40} ok", v.address)?,
+                    Some(net) => writeln!(out, "  address: {:<40} denied (in {net})", v.address)?,
+                }
+            }
+        }
+        Some(Err(e)) => writeln!(out, "  resolve: failed: {e}")?,
+        None => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! `egress-gateway policy lint`: errors for what would fail to load, warnings for
+//! likely mistakes: wildcards over a public suffix, allow rules a deny rule fully
+//! shadows, duplicates, IP rules inside `egress.deny`, push rules without repos,
+//! policies no sandbox uses.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+
+use crate::config::{self, Config};
+use crate::policy::{HostPattern, Policy, PolicySet, PortSpec, Rule, RuleList, RuleSource, parse_rule};
+
+/// One finding, located at a rule (or a policy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub location: String,
+    pub subject: String,
+    pub message: String,
+}
+
+pub fn run(config_path: Option<&PathBuf>, deny_warnings: bool, out: &mut dyn Write) -> anyhow::Result<u8> {
+    let cfg = super::load_config(config_path)?;
+    let set = match config::load_policies(&cfg) {
+        Ok(set) => set,
+        Err(e) => {
+            writeln!(out, "error: {e}")?;
+            writeln!(out, "1 error, 0 warnings")?;
+            return Ok(1);
+        }
+    };
+    let warnings = lint(&cfg, &set);
+    for w in &warnings {
+        writeln!(out, "warning: {}: {}: {}", w.location, w.subject, w.message)?;
+    }
+    writeln!(out, "0 errors, {} warnings", warnings.len())?;
+    Ok(if deny_warnings && !warnings.is_empty() { 1 } else { 0 })
+}
+
+/// Every warning for a loaded policy set, sorted by location.
+pub fn lint(cfg: &Config, set: &PolicySet) -> Vec<Warning> {
+    let mut out = Vec::new();
+    let used: HashSet<&str> = set.sandboxes.values().map(|s| s.policy.name()).collect();
+    let mut names: Vec<&String> = set.policies.keys().collect();
+    names.sort();
+    for name in names {
+        let Some(policy) = set.policies.get(name) else { continue };
+        if !used.contains(name.as_str()) {
+            let location = policy.rules().first().map_or_else(String::new, |r| r.location.clone());
+            out.push(Warning {
+                location,
+                subject: format!("policies.{name}"),
+                message: "no sandbox uses this policy".into(),
+            });
+        }
+        lint_policy(cfg, policy, &mut out);
+    }
+    out.sort_by(|a, b| a.location.cmp(&b.location).then(a.subject.cmp(&b.subject)));
+    out
+}
+
+fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
+    let name = policy.name();
+    let rules: Vec<(&RuleSource, Option<Rule>)> = policy
+        .rules()
+        .iter()
+        .map(|r| (r, matches!(r.list, RuleList::Allow | RuleList::Deny).then(|| parse_rule(&r.text).ok()).flatten()))
+        .collect();
+    let warn = |out: &mut Vec<Warning>, r: &RuleSource, message: String| {
+        out.push(Warning {
+            location: r.location.clone(),
+            subject: format!("policies.{name}.{} {:?}", r.list.key(), r.text),
+            message,
+        });
+    };
+    let mut seen: Vec<(RuleList, &Rule, &RuleSource)> = Vec::new();
+    for (src, rule) in &rules {
+        let Some(rule) = rule else { continue };
+        if let HostPattern::Suffix(s) = &rule.pattern
+            && is_icann_suffix(s)
+        {
+            warn(out, src, format!("wildcard covers the public suffix {s:?}: every site under it"));
+        }
+        if let Some((_, _, first)) = seen.iter().find(|(l, r, _)| *l == src.list && *r == rule) {
+            warn(out, src, format!("duplicate of the rule at {}", first.location));
+        }
+        seen.push((src.list, rule, src));
+        if src.list == RuleList::Allow {
+            if let HostPattern::Net(net) = &rule.pattern
+                && never_dialled(cfg, net)
+            {
+                warn(out, src, "every address it matches is in egress.deny: it can never be reached".into());
+            }
+            let shadow = rules.iter().find_map(|(d_src, d)| {
+                let d = d.as_ref()?;
+                (d_src.list == RuleList::Deny && covers(d, rule, policy.default_ports())).then_some(d_src)
+            });
+            if let Some(d) = shadow {
+                warn(
+                    out,
+                    src,
+                    format!("fully shadowed by deny {:?} at {}: it never allows anything", d.text, d.location),
+                );
+            }
+        }
+    }
+    let has_repos = policy.rules().iter().any(|r| r.list == RuleList::GitRepos);
+    if !has_repos && let Some(push) = policy.rules().iter().find(|r| r.list == RuleList::GitPush) {
+        warn(out, push, "git.push without git.repos: no repository can be pushed to".into());
+    }
+}
+
+fn is_icann_suffix(name: &str) -> bool {
+    psl::suffix(name.as_bytes())
+        .is_some_and(|s| s.as_bytes() == name.as_bytes() && s.is_known() && s.typ() == Some(psl::Type::Icann))
+}
+
+fn never_dialled(cfg: &Config, net: &IpNet) -> bool {
+    let (first, last) = (net.network(), net.broadcast());
+    cfg.egress.filter.vet(first).is_err() && cfg.egress.filter.vet(last).is_err() && net.prefix_len() >= 8
+}
+
+/// True when deny rule `d` matches every target that allow rule `a` matches.
+fn covers(d: &Rule, a: &Rule, default_ports: &[u16]) -> bool {
+    let hosts = match (&d.pattern, &a.pattern) {
+        (HostPattern::Exact(x), HostPattern::Exact(y)) => x == y,
+        (HostPattern::Suffix(s), HostPattern::Exact(y)) => y.strip_suffix(s.as_str()).is_some_and(|p| p.ends_with('.')),
+        (HostPattern::Suffix(s), HostPattern::Suffix(t)) => {
+            t == s || t.strip_suffix(s.as_str()).is_some_and(|p| p.ends_with('.'))
+        }
+        (HostPattern::Net(x), HostPattern::Net(y)) => x.contains(y),
+        _ => false,
+    };
+    let ports = match (d.ports, a.ports) {
+        // A deny rule without a port covers every port.
+        (PortSpec::Default | PortSpec::Any, _) => true,
+        (PortSpec::One(p), PortSpec::One(q)) => p == q,
+        (PortSpec::One(p), PortSpec::Default) => default_ports == [p],
+        (PortSpec::One(_), PortSpec::Any) => false,
+    };
+    hosts && ports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(s: &str) -> Rule {
+        parse_rule(s).unwrap()
+    }
+
+    #[test]
+    fn coverage() {
+        assert!(covers(&rule("*.example.com"), &rule("a.example.com:443"), &[80, 443]));
+        assert!(covers(&rule("*.example.com"), &rule("*.b.example.com"), &[80, 443]));
+        assert!(!covers(&rule("*.example.com"), &rule("example.com"), &[80, 443]));
+        assert!(!covers(&rule("a.example.com:443"), &rule("a.example.com"), &[80, 443]));
+        assert!(covers(&rule("a.example.com:443"), &rule("a.example.com"), &[443]));
+        assert!(covers(&rule("10.0.0.0/8"), &rule("10.1.0.0/16:*"), &[443]));
+        assert!(!covers(&rule("*.xample.com"), &rule("a.example.com"), &[443]));
+    }
+
+    #[test]
+    fn public_suffixes() {
+        assert!(is_icann_suffix("com"));
+        assert!(is_icann_suffix("co.uk"));
+        assert!(!is_icann_suffix("example.com"));
+        assert!(!is_icann_suffix("sandbox.internal"));
+    }
+}
