@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::config::{self, Config, PolicySource};
 use crate::policy::{PolicySet, Sandbox};
 
-pub fn run(config_path: Option<&PathBuf>, old: &PathBuf, new: &PathBuf, out: &mut dyn Write) -> anyhow::Result<u8> {
+pub fn run(config_path: Option<&PathBuf>, old: &Path, new: &Path, out: &mut dyn Write) -> anyhow::Result<u8> {
     let cfg = super::load_config(config_path)?;
     let old_set = load(&cfg, old)?;
     let new_set = load(&cfg, new)?;
