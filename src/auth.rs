@@ -11,7 +11,10 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::policy::{DenyReason, PolicySet, Sandbox};
+use std::sync::Arc;
+
+use crate::policy::{DenyReason, Policy, PolicySet};
+use crate::tokens::{self, TokenError, Verifier};
 
 /// Longest `Authorization` value accepted; real ones are far shorter.
 const MAX_HEADER_LEN: usize = 4096;
@@ -37,7 +40,7 @@ impl fmt::Debug for Credentials {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
     #[error("no credentials")]
     Missing,
@@ -45,13 +48,16 @@ pub enum AuthError {
     Malformed,
     #[error("unknown sandbox or wrong token")]
     Invalid,
+    #[error("signed token refused: {0}")]
+    Token(TokenError),
 }
 
 impl AuthError {
-    pub fn reason(self) -> DenyReason {
+    pub fn reason(&self) -> DenyReason {
         match self {
             AuthError::Missing => DenyReason::AuthRequired,
-            AuthError::Malformed | AuthError::Invalid => DenyReason::AuthInvalid,
+            AuthError::Token(TokenError::Expired) => DenyReason::TokenExpired,
+            AuthError::Malformed | AuthError::Invalid | AuthError::Token(_) => DenyReason::AuthInvalid,
         }
     }
 }
@@ -80,11 +86,46 @@ pub fn token_sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// Checks credentials against the policy set and returns the sandbox they identify.
-pub fn authenticate<'a>(set: &'a PolicySet, creds: &Credentials) -> Result<&'a Sandbox, AuthError> {
+/// Who is asking: the sandbox, the policy that governs it, and what its credentials
+/// narrow or bind.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub sandbox: String,
+    pub policy: Arc<Policy>,
+    /// A signed token's `repos` claim: narrows the policy's git repositories.
+    pub repos: Option<Vec<String>>,
+    /// VPC endpoint ids the sandbox must come through (empty: any).
+    pub vpce: Vec<String>,
+    pub signed: bool,
+}
+
+/// Checks credentials: a signed token (when keys are configured and the password is a
+/// JWT) or a static token listed by SHA-256. `now` is unix time in seconds.
+pub fn authenticate(
+    set: &PolicySet,
+    verifier: &Verifier,
+    creds: &Credentials,
+    now: u64,
+) -> Result<Identity, AuthError> {
+    if verifier.has_keys() && tokens::looks_signed(creds.secret()) {
+        let claims = verifier.verify(creds.secret(), &creds.user, now).map_err(AuthError::Token)?;
+        let policy = set
+            .policies
+            .get(&claims.pol)
+            .cloned()
+            .ok_or(AuthError::Token(TokenError::Claims("pol names no policy".into())))?;
+        let vpce = policy.vpce().to_vec();
+        return Ok(Identity { sandbox: claims.sub, policy, repos: claims.repos, vpce, signed: true });
+    }
     let presented = token_sha256(creds.secret());
     match set.sandbox(&creds.user) {
-        Some(sbx) if bool::from(presented.ct_eq(&sbx.token_sha256)) => Ok(sbx),
+        Some(sbx) if bool::from(presented.ct_eq(&sbx.token_sha256)) => {
+            if verifier.is_revoked(&sbx.id) {
+                return Err(AuthError::Token(TokenError::Revoked));
+            }
+            let vpce = if sbx.vpce.is_empty() { sbx.policy.vpce().to_vec() } else { sbx.vpce.clone() };
+            Ok(Identity { sandbox: sbx.id.clone(), policy: sbx.policy.clone(), repos: None, vpce, signed: false })
+        }
         Some(_) => Err(AuthError::Invalid),
         None => {
             // Same work as a known sandbox, so timing does not reveal which ids exist.
@@ -95,9 +136,14 @@ pub fn authenticate<'a>(set: &'a PolicySet, creds: &Credentials) -> Result<&'a S
 }
 
 /// Checks an optional header value: missing, malformed or wrong all map to a reason.
-pub fn authenticate_header<'a>(set: &'a PolicySet, value: Option<&[u8]>) -> Result<&'a Sandbox, AuthError> {
+pub fn authenticate_header(
+    set: &PolicySet,
+    verifier: &Verifier,
+    value: Option<&[u8]>,
+    now: u64,
+) -> Result<Identity, AuthError> {
     let creds = parse_basic(value.ok_or(AuthError::Missing)?)?;
-    authenticate(set, &creds)
+    authenticate(set, verifier, &creds, now)
 }
 
 /// A fresh random token (URL-safe, 256 bits) for the demo and `token` CLI.

@@ -125,6 +125,29 @@ pub enum TokenCommand {
     Hash,
     /// Generate a random static token; prints the token and its SHA-256.
     Generate,
+    /// Mint a signed sandbox token (JWT) with a key from [tokens] that can sign.
+    Mint {
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        /// Key id in [tokens.keys].
+        #[arg(long)]
+        kid: String,
+        /// Sandbox id (the `sub` claim; the proxy URL's user name).
+        #[arg(long)]
+        sandbox: String,
+        /// Policy name (the `pol` claim).
+        #[arg(long)]
+        policy: String,
+        /// Narrow git repositories to these OWNER/REPO (repeatable).
+        #[arg(long = "repo")]
+        repos: Vec<String>,
+        /// Lifetime, e.g. 15m or 8h (at most tokens.max_ttl).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+        /// Token id (the `jti` claim, usable in the revocation file); random if absent.
+        #[arg(long)]
+        jti: Option<String>,
+    },
 }
 
 /// Reads one token from standard input, without its line ending.

@@ -5,6 +5,7 @@
 pub mod check;
 pub mod diff;
 pub mod lint;
+pub mod mint;
 pub mod replay;
 pub mod test_file;
 

@@ -1,6 +1,7 @@
 //! Gateway configuration: raw (serde) -> validated -> typed values.
 
 pub mod error;
+pub mod keys;
 pub mod policy_files;
 pub mod raw;
 pub mod validate;
@@ -8,10 +9,11 @@ pub mod validate;
 use std::path::Path;
 
 pub use error::{ConfigError, DisplayPath};
+pub use keys::load_verifier;
 pub use policy_files::{load_policies, load_shadow};
 pub use validate::{
-    AdminConfig, BlockMode, Config, DnsConfig, DrainConfig, LogConfig, LogFormat, PolicyConfig, PolicySource,
-    ProxyConfig, RateLimitAction, ResolverConfig,
+    AdminConfig, BlockMode, Config, DnsConfig, DrainConfig, KeyAlg, KeySource, LogConfig, LogFormat, PolicyConfig,
+    PolicySource, ProxyConfig, RateLimitAction, ResolverConfig, SecretSource, TokensConfig,
 };
 
 /// Reads and validates a gateway config file. Relative paths in it are relative to the

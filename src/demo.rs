@@ -48,6 +48,6 @@ mod tests {
         assert_eq!(cfg.proxy.listen.to_string(), "127.0.0.1:4002");
         let set = config::load_policies(&cfg).unwrap();
         let creds = auth::Credentials::new(DEMO_SANDBOX, &token);
-        assert!(auth::authenticate(&set, &creds).is_ok());
+        assert!(auth::authenticate(&set, &crate::tokens::Verifier::default(), &creds, 0).is_ok());
     }
 }

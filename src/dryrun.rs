@@ -89,6 +89,28 @@ impl Answer {
     }
 }
 
+/// Decides `subject` for an authenticated identity (a signed token's policy and
+/// `repos` narrowing included).
+pub fn evaluate_identity(identity: &crate::auth::Identity, subject: &Subject) -> Answer {
+    let policy = &identity.policy;
+    let decision = decide_narrowed(policy, subject, identity.repos.as_deref());
+    answer_for(&identity.sandbox, policy, subject, &decision)
+}
+
+fn answer_for(sandbox: &str, policy: &Policy, subject: &Subject, decision: &Decision<'_>) -> Answer {
+    Answer {
+        sandbox: sandbox.to_string(),
+        policy: Some(policy.name().to_string()),
+        target: subject.to_string(),
+        decision: decision.label(),
+        reason: decision.reason().map(DenyReason::code),
+        rule: decision.rule().map(|r| r.text.clone()),
+        rule_list: decision.rule().map(|r| r.list.key()),
+        rule_location: decision.rule().map(|r| r.location.clone()).filter(|l| !l.is_empty()),
+        hint: decision.reason().and_then(|r| hint(policy, r, subject, decision)),
+    }
+}
+
 /// Decides `subject` for sandbox `sandbox_id` under `set`.
 pub fn evaluate(set: &PolicySet, sandbox_id: &str, subject: &Subject) -> Answer {
     let mut answer = Answer {
@@ -102,26 +124,25 @@ pub fn evaluate(set: &PolicySet, sandbox_id: &str, subject: &Subject) -> Answer 
         rule_location: None,
         hint: Some(format!("no sandbox {sandbox_id:?} is defined in the policy files")),
     };
-    let Some(sbx) = set.sandbox(sandbox_id) else { return answer };
-    let policy = &sbx.policy;
-    answer.policy = Some(policy.name().to_string());
-    let decision = decide(policy, subject);
-    answer.decision = decision.label();
-    answer.reason = decision.reason().map(DenyReason::code);
-    answer.rule = decision.rule().map(|r| r.text.clone());
-    answer.rule_list = decision.rule().map(|r| r.list.key());
-    answer.rule_location = decision.rule().map(|r| r.location.clone()).filter(|l| !l.is_empty());
-    answer.hint = decision.reason().and_then(|r| hint(policy, r, subject, &decision));
-    answer
+    let Some(sbx) = set.sandbox(sandbox_id) else {
+        answer.hint = Some(format!("no sandbox {sandbox_id:?} is defined in the policy files"));
+        return answer;
+    };
+    answer_for(sandbox_id, &sbx.policy, subject, &decide(&sbx.policy, subject))
 }
 
 /// The decision the gateway makes for `subject`: for a push, the repository decision
 /// first, then the ref.
 pub fn decide<'p>(policy: &'p Policy, subject: &Subject) -> Decision<'p> {
+    decide_narrowed(policy, subject, None)
+}
+
+/// [`decide`], with a signed token's `repos` claim narrowing git repositories.
+pub fn decide_narrowed<'p>(policy: &'p Policy, subject: &Subject, repos: Option<&[String]>) -> Decision<'p> {
     match subject {
         Subject::Host(t) => policy.decide(t),
         Subject::Git { repo, push } => {
-            let repo_decision = policy.decide_git(repo, push.is_some(), None);
+            let repo_decision = policy.decide_git(repo, push.is_some(), repos);
             match push {
                 Some(refname) if repo_decision.reason().is_none() => policy.decide_ref(refname, false),
                 _ => repo_decision,

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Admin};
-use crate::config::{self, Config, ConfigError};
+use crate::config::{Config, ConfigError};
 use crate::dns::DnsServer;
 use crate::proxy::{self, Shared, upstream::VettingConnector};
 use crate::reload::Store;
@@ -51,8 +51,7 @@ impl Gateway {
     /// every listener, so that errors surface before anything is served.
     pub async fn bind(config: Config) -> Result<Gateway, GatewayError> {
         crate::metrics::install();
-        let policies = config::load_policies(&config)?;
-        let shadow = config::load_shadow(&config)?;
+        let loaded = crate::reload::load(&config)?;
         let resolver = Resolver::new(&config.resolver, config.egress.filter.clone(), config.proxy.connect_timeout)
             .map_err(GatewayError::Resolver)?;
         let resolver = Arc::new(resolver);
@@ -76,7 +75,7 @@ impl Gateway {
             None => None,
         };
         let shared = Arc::new(Shared {
-            store: Store::new(policies, shadow),
+            store: Store::new(loaded),
             config,
             resolver,
             client,

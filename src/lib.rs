@@ -17,3 +17,4 @@ pub mod proxy;
 pub mod reload;
 pub mod resolve;
 pub mod telemetry;
+pub mod tokens;

@@ -50,6 +50,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Token { command: TokenCommand::Mint { config, kid, sandbox, policy, repos, ttl, jti } } => {
+            let args = commands::mint::MintArgs {
+                config: config.as_ref(),
+                kid: &kid,
+                sandbox: &sandbox,
+                policy: &policy,
+                repos: &repos,
+                ttl,
+                jti: jti.as_deref(),
+            };
+            report(|out| commands::mint::run(&args, out))
+        }
         Command::Token { command: TokenCommand::Generate } => {
             let token = auth::generate_token();
             #[expect(clippy::print_stdout, reason = "CLI output")]

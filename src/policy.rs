@@ -45,6 +45,7 @@ pub struct Policy {
     allow: RuleSet,
     deny: RuleSet,
     git: GitRules,
+    vpce: Vec<String>,
 }
 
 impl Policy {
@@ -58,6 +59,7 @@ impl Policy {
                 allow: RuleSet::default(),
                 deny: RuleSet::default(),
                 git: GitRules::default(),
+                vpce: Vec::new(),
             },
         }
     }
@@ -68,6 +70,11 @@ impl Policy {
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// VPC endpoint ids this policy's sandboxes must come through (empty: any).
+    pub fn vpce(&self) -> &[String] {
+        &self.vpce
     }
 
     /// The ports a host rule without `:PORT` allows.
@@ -173,6 +180,11 @@ impl PolicyBuilder {
         Ok(())
     }
 
+    /// Binds the policy's sandboxes to these VPC endpoints (PROXY protocol v2 TLV).
+    pub fn require_vpce(&mut self, vpce: Vec<String>) {
+        self.policy.vpce = vpce;
+    }
+
     /// Lets pushes delete refs that `git.push` matches.
     pub fn allow_ref_deletion(&mut self, allow: bool) {
         self.policy.git.allow_delete = allow;
@@ -208,6 +220,8 @@ pub struct Sandbox {
     /// SHA-256 of the sandbox's static token.
     pub token_sha256: [u8; 32],
     pub policy: Arc<Policy>,
+    /// VPC endpoint ids this sandbox must come through (empty: the policy's).
+    pub vpce: Vec<String>,
 }
 
 /// Every policy and sandbox known to the gateway at one generation.

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::auth;
 use crate::config::Config;
-use crate::policy::{Decision, DenyReason, Sandbox};
+use crate::policy::{Decision, DenyReason};
 use crate::reload::{State, Store};
 use crate::resolve::Resolver;
 use respond::Denial;
@@ -77,9 +77,9 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
 pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL";
 
 /// Authenticates from `Proxy-Authorization`.
-fn identify<'s>(state: &'s State, req: &Request<Incoming>) -> Result<&'s Sandbox, auth::AuthError> {
+fn identify(state: &State, req: &Request<Incoming>) -> Result<auth::Identity, auth::AuthError> {
     let value = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
-    auth::authenticate_header(&state.policies, value)
+    auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())
 }
 
 /// Records and answers a denial that happened before a sandbox was known, or for a
@@ -152,15 +152,15 @@ fn shadow_compare(rec: &mut AccessRecord, state: &State, sandbox: &str, subject:
 }
 
 /// Fills the identity and decision fields of a record.
-fn record_decision(rec: &mut AccessRecord, sandbox: &Sandbox, decision: &Decision<'_>) {
-    rec.sandbox = Some(sandbox.id.clone());
+fn record_decision(rec: &mut AccessRecord, sandbox: &auth::Identity, decision: &Decision<'_>) {
+    rec.sandbox = Some(sandbox.sandbox.clone());
     rec.policy = Some(sandbox.policy.name().to_string());
     rec.decision = decision.label();
     rec.reason = decision.reason().map(DenyReason::code);
     rec.rule = decision.rule().map(|r| r.text.clone());
     if decision.report_only && decision.reason().is_some() {
         tracing::info!(
-            sandbox = %sandbox.id,
+            sandbox = %sandbox.sandbox,
             policy = sandbox.policy.name(),
             target = %rec.target,
             reason = decision.reason().map(DenyReason::code),

@@ -11,14 +11,32 @@ use arc_swap::ArcSwap;
 use crate::config::{self, Config, ConfigError};
 use crate::metrics;
 use crate::policy::PolicySet;
+use crate::tokens::Verifier;
 
-#[derive(Debug)]
+/// Everything that reloads together: policies, shadow policies, token keys and the
+/// revocation list.
+pub struct Loaded {
+    pub policies: PolicySet,
+    pub shadow: Option<PolicySet>,
+    pub tokens: Verifier,
+}
+
+/// Reads and validates everything reloadable named by `config`.
+pub fn load(config: &Config) -> Result<Loaded, ConfigError> {
+    Ok(Loaded {
+        policies: config::load_policies(config)?,
+        shadow: config::load_shadow(config)?,
+        tokens: config::load_verifier(config)?,
+    })
+}
+
 pub struct State {
     /// Starts at 1 and grows by one on every successful reload.
     pub generation: u64,
     pub policies: PolicySet,
     /// Decided alongside for comparison (`policy.shadow_dir`); never enforced.
     pub shadow: Option<PolicySet>,
+    pub tokens: Verifier,
     pub loaded_at: SystemTime,
 }
 
@@ -29,10 +47,17 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(policies: PolicySet, shadow: Option<PolicySet>) -> Self {
+    pub fn new(loaded: Loaded) -> Self {
         ::metrics::gauge!(metrics::POLICY_GENERATION).set(1.0);
+        let Loaded { policies, shadow, tokens } = loaded;
         Store {
-            current: ArcSwap::from_pointee(State { generation: 1, policies, shadow, loaded_at: SystemTime::now() }),
+            current: ArcSwap::from_pointee(State {
+                generation: 1,
+                policies,
+                shadow,
+                tokens,
+                loaded_at: SystemTime::now(),
+            }),
             next_generation: AtomicU64::new(2),
             last_error: Mutex::new(None),
         }
@@ -50,10 +75,9 @@ impl Store {
     /// Loads the policies named by `config` and swaps them in; on error the current
     /// state stays. Logs and counts either way.
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
-        let loaded = config::load_policies(config).and_then(|p| Ok((p, config::load_shadow(config)?)));
-        let result = loaded.map(|(policies, shadow)| {
+        let result = load(config).map(|Loaded { policies, shadow, tokens }| {
             let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-            self.current.store(Arc::new(State { generation, policies, shadow, loaded_at: SystemTime::now() }));
+            self.current.store(Arc::new(State { generation, policies, shadow, tokens, loaded_at: SystemTime::now() }));
             generation
         });
         let message = match &result {

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use crate::auth::{self, Credentials};
 use crate::cli::CheckArgs;
-use crate::config::{self, Config};
+use crate::config::Config;
 use crate::dryrun::{self, Answer, Subject};
 use crate::policy::DenyReason;
 use crate::resolve::{DialError, Resolver};
@@ -19,10 +19,12 @@ pub struct AddressVerdict {
 
 pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     let cfg = super::load_config(args.config.as_ref())?;
-    let set = config::load_policies(&cfg)?;
+    let loaded = crate::reload::load(&cfg)?;
+    let set = loaded.policies;
     let subject = dryrun::parse_subject(&args.target, args.push.as_deref()).map_err(anyhow::Error::msg)?;
+    let signed = args.token.as_deref().is_some_and(crate::tokens::looks_signed) && loaded.tokens.has_keys();
     anyhow::ensure!(
-        set.sandbox(&args.sandbox).is_some(),
+        signed || set.sandbox(&args.sandbox).is_some(),
         "unknown sandbox {:?} (defined: {})",
         args.sandbox,
         known_sandboxes(&set)
@@ -31,10 +33,16 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
 
     let mut token_ok = None;
     if let Some(token) = &args.token {
-        let ok = auth::authenticate(&set, &Credentials::new(&args.sandbox, token)).is_ok();
-        token_ok = Some(ok);
-        if !ok {
-            deny(&mut answer, DenyReason::AuthInvalid, "the token does not authenticate this sandbox".into());
+        match auth::authenticate(&set, &loaded.tokens, &Credentials::new(&args.sandbox, token), crate::tokens::now()) {
+            Ok(identity) => {
+                token_ok = Some(true);
+                // A signed token names its policy and may narrow git repositories.
+                answer = dryrun::evaluate_identity(&identity, &subject);
+            }
+            Err(e) => {
+                token_ok = Some(false);
+                deny(&mut answer, e.reason(), format!("the token does not authenticate this sandbox: {e}"));
+            }
         }
     }
 

@@ -130,6 +130,7 @@ fn compile(sources: &[Source], default_mode: Mode, ports: &[u16]) -> Result<Poli
                 }
                 b.allow_ref_deletion(git.allow_delete);
             }
+            b.require_vpce(def.vpce.clone());
             defined_in.insert(name.clone(), src.file.clone());
             policies.insert(name, Arc::new(b.build()));
         }
@@ -157,7 +158,7 @@ fn compile(sources: &[Source], default_mode: Mode, ports: &[u16]) -> Result<Poli
         if sandboxes.contains_key(&s.id) {
             return Err(ConfigError::invalid(&src.file, key("id"), "sandbox id defined twice"));
         }
-        sandboxes.insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy });
+        sandboxes.insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy, vpce: s.vpce });
     }
     Ok(PolicySet { policies, sandboxes })
 }

@@ -19,8 +19,44 @@ pub struct RawConfig {
     pub policy: RawPolicySection,
     pub admin: RawAdmin,
     pub drain: RawDrain,
+    pub tokens: RawTokens,
     /// Absent: no DNS server.
     pub dns: Option<RawDns>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTokens {
+    #[serde(with = "humantime_serde")]
+    pub max_ttl: Duration,
+    #[serde(with = "humantime_serde")]
+    pub leeway: Duration,
+    /// Sandbox ids and token ids (`jti`), one per line; reloaded with the policies.
+    pub revocation_file: String,
+    pub keys: Vec<RawKey>,
+}
+
+impl Default for RawTokens {
+    fn default() -> Self {
+        RawTokens {
+            max_ttl: Duration::from_secs(24 * 3600),
+            leeway: Duration::from_secs(30),
+            revocation_file: String::new(),
+            keys: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawKey {
+    pub kid: String,
+    /// "HS256" or "EdDSA".
+    pub alg: String,
+    pub secret_file: String,
+    pub secret_env: String,
+    pub public_key_file: String,
+    pub private_key_file: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -206,6 +242,8 @@ pub struct RawPolicy {
     pub deny: Vec<Spanned<String>>,
     pub mode: Option<Mode>,
     pub git: Option<RawGit>,
+    /// VPC endpoint ids the policy's sandboxes must come through.
+    pub vpce: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -225,4 +263,6 @@ pub struct RawSandbox {
     pub id: String,
     pub token_sha256: String,
     pub policy: String,
+    #[serde(default)]
+    pub vpce: Vec<String>,
 }

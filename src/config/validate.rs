@@ -25,6 +25,40 @@ pub struct Config {
     pub dns: Option<DnsConfig>,
     pub admin: AdminConfig,
     pub drain: DrainConfig,
+    pub tokens: TokensConfig,
+}
+
+/// Where signed-token keys come from; read at start-up and on every reload.
+#[derive(Debug, Clone)]
+pub struct TokensConfig {
+    pub max_ttl: Duration,
+    pub leeway: Duration,
+    pub revocation_file: Option<PathBuf>,
+    pub keys: Vec<KeySource>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyAlg {
+    Hs256,
+    EdDsa,
+}
+
+#[derive(Debug, Clone)]
+pub enum SecretSource {
+    File(PathBuf),
+    Env(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct KeySource {
+    pub kid: String,
+    pub alg: KeyAlg,
+    /// HS256: the shared secret.
+    pub secret: Option<SecretSource>,
+    /// EdDSA: the public key (PEM) that verifies.
+    pub public_key_file: Option<PathBuf>,
+    /// EdDSA: the private key (PEM), only where tokens are minted.
+    pub private_key_file: Option<PathBuf>,
 }
 
 /// On SIGTERM: not ready at once, keep accepting for `delay` (while the load balancer
@@ -247,7 +281,8 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let admin = validate_admin(raw.admin, file, base_dir)?;
 
     let drain = DrainConfig { delay: raw.drain.delay, timeout: raw.drain.timeout };
-    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain })
+    let tokens = validate_tokens(raw.tokens, file, base_dir)?;
+    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain, tokens })
 }
 
 fn validate_admin(a: super::raw::RawAdmin, file: &DisplayPath, base_dir: &Path) -> Result<AdminConfig, ConfigError> {
@@ -357,4 +392,61 @@ pub fn clean_path(p: &Path) -> PathBuf {
         }
     }
     if out.as_os_str().is_empty() { PathBuf::from(".") } else { out }
+}
+
+fn validate_tokens(t: super::raw::RawTokens, file: &DisplayPath, base_dir: &Path) -> Result<TokensConfig, ConfigError> {
+    positive(file, "tokens.max_ttl", t.max_ttl)?;
+    let path = |p: &str| (!p.is_empty()).then(|| clean_path(&base_dir.join(p)));
+    let mut keys = Vec::with_capacity(t.keys.len());
+    let mut seen = std::collections::HashSet::new();
+    for (i, k) in t.keys.into_iter().enumerate() {
+        let key = |name: &str| format!("tokens.keys[{i}].{name}");
+        if k.kid.is_empty() || !seen.insert(k.kid.clone()) {
+            return Err(ConfigError::invalid(file, key("kid"), "expected a unique, non-empty key id"));
+        }
+        let alg = match k.alg.as_str() {
+            "HS256" => KeyAlg::Hs256,
+            "EdDSA" => KeyAlg::EdDsa,
+            other => {
+                return Err(ConfigError::invalid(
+                    file,
+                    key("alg"),
+                    format!("expected \"HS256\" or \"EdDSA\", got {other:?}"),
+                ));
+            }
+        };
+        let secret = match (k.secret_file.is_empty(), k.secret_env.is_empty()) {
+            (true, true) => None,
+            (false, true) => path(&k.secret_file).map(SecretSource::File),
+            (true, false) => Some(SecretSource::Env(k.secret_env.clone())),
+            (false, false) => {
+                return Err(ConfigError::invalid(
+                    file,
+                    key("secret_file"),
+                    "expected secret_file or secret_env, not both",
+                ));
+            }
+        };
+        match alg {
+            KeyAlg::Hs256 if secret.is_none() => {
+                return Err(ConfigError::invalid(
+                    file,
+                    key("secret_file"),
+                    "HS256 keys need secret_file or secret_env",
+                ));
+            }
+            KeyAlg::EdDsa if k.public_key_file.is_empty() => {
+                return Err(ConfigError::invalid(file, key("public_key_file"), "EdDSA keys need a public key (PEM)"));
+            }
+            _ => {}
+        }
+        keys.push(KeySource {
+            kid: k.kid,
+            alg,
+            secret,
+            public_key_file: path(&k.public_key_file),
+            private_key_file: path(&k.private_key_file),
+        });
+    }
+    Ok(TokensConfig { max_ttl: t.max_ttl, leeway: t.leeway, revocation_file: path(&t.revocation_file), keys })
 }

@@ -45,9 +45,9 @@ pub async fn handle(
         Err(e) => return reject(&mut rec, e.reason(), super::AUTH_HINT),
     };
     let decision = sandbox.policy.decide(&target);
-    record_decision(&mut rec, sandbox, &decision);
+    record_decision(&mut rec, &sandbox, &decision);
     let subject = crate::dryrun::Subject::Host(target.clone());
-    super::shadow_compare(&mut rec, &state, &sandbox.id, &subject);
+    super::shadow_compare(&mut rec, &state, &sandbox.sandbox, &subject);
     if !decision.permits() {
         let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
         return deny_by_policy(&mut rec, &sandbox.policy, &subject, &decision, reason);

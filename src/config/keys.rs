@@ -1,0 +1,78 @@
+//! Reads signed-token keys and the revocation list named by `[tokens]`. Runs at
+//! start-up and on every reload, so keys rotate and revocations apply without a
+//! restart. Errors name the config file and key; secrets are never echoed.
+
+use std::collections::{HashMap, HashSet};
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
+
+use super::error::ConfigError;
+use super::validate::{Config, KeyAlg, SecretSource};
+use crate::tokens::{Key, Verifier};
+
+/// Shortest HS256 secret accepted (RFC 7518 section 3.2: at least the hash size).
+const MIN_SECRET: usize = 32;
+
+pub fn load_verifier(config: &Config) -> Result<Verifier, ConfigError> {
+    let t = &config.tokens;
+    let err = |key: String, msg: String| ConfigError::invalid(&config.file, key, msg);
+    let mut keys = HashMap::new();
+    for (i, k) in t.keys.iter().enumerate() {
+        let at = |name: &str| format!("tokens.keys[{i}].{name}");
+        let key = match k.alg {
+            KeyAlg::Hs256 => {
+                let (name, secret) = match &k.secret {
+                    Some(SecretSource::File(p)) => (
+                        at("secret_file"),
+                        std::fs::read(p)
+                            .map_err(|e| err(at("secret_file"), format!("cannot read {}: {e}", p.display())))?,
+                    ),
+                    Some(SecretSource::Env(v)) => (
+                        at("secret_env"),
+                        std::env::var(v)
+                            .map_err(|_| err(at("secret_env"), format!("environment variable {v} is not set")))?
+                            .into_bytes(),
+                    ),
+                    None => return Err(err(at("secret_file"), "HS256 keys need a secret".into())),
+                };
+                let secret = secret.trim_ascii().to_vec();
+                if secret.len() < MIN_SECRET {
+                    return Err(err(name, format!("expected a secret of at least {MIN_SECRET} bytes")));
+                }
+                Key {
+                    alg: Algorithm::HS256,
+                    decoding: DecodingKey::from_secret(&secret).map_err(|e| err(name.clone(), e.to_string()))?,
+                    encoding: Some(EncodingKey::from_secret(&secret).map_err(|e| err(name, e.to_string()))?),
+                }
+            }
+            KeyAlg::EdDsa => {
+                let public = k.public_key_file.as_ref().ok_or_else(|| err(at("public_key_file"), "missing".into()))?;
+                let pem = std::fs::read(public)
+                    .map_err(|e| err(at("public_key_file"), format!("cannot read {}: {e}", public.display())))?;
+                let decoding = DecodingKey::from_ed_pem(&pem)
+                    .map_err(|e| err(at("public_key_file"), format!("expected an Ed25519 public key PEM: {e}")))?;
+                let encoding = match &k.private_key_file {
+                    Some(p) => {
+                        let pem = std::fs::read(p)
+                            .map_err(|e| err(at("private_key_file"), format!("cannot read {}: {e}", p.display())))?;
+                        Some(EncodingKey::from_ed_pem(&pem).map_err(|e| {
+                            err(at("private_key_file"), format!("expected an Ed25519 private key PEM: {e}"))
+                        })?)
+                    }
+                    None => None,
+                };
+                Key { alg: Algorithm::EdDSA, decoding, encoding }
+            }
+        };
+        keys.insert(k.kid.clone(), key);
+    }
+    let mut revoked = HashSet::new();
+    if let Some(p) = &t.revocation_file {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| err("tokens.revocation_file".into(), format!("cannot read {}: {e}", p.display())))?;
+        revoked.extend(
+            text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).map(String::from),
+        );
+    }
+    Ok(Verifier::new(keys, t.max_ttl, t.leeway, revoked))
+}

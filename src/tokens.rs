@@ -1,0 +1,224 @@
+//! Signed sandbox tokens (JWT), verified locally so any instance of a fleet can
+//! authenticate any sandbox without shared state.
+//!
+//! Keys are looked up by the header's `kid`; each key fixes its algorithm (HS256 or
+//! EdDSA), so a token cannot choose a weaker one and `alg: none` never verifies. Claims:
+//! `sub` (sandbox id, must equal the Basic user), `pol` (policy name), `exp`
+//! (required), `iat`, `nbf`, `jti`, and optional `repos` that narrow the policy's git
+//! repositories. `exp - iat` may not exceed `tokens.max_ttl`. A revocation list of
+//! sandbox ids and `jti`s is reloaded with the policies.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Claims {
+    pub sub: String,
+    pub pol: String,
+    pub exp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iat: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jti: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repos: Option<Vec<String>>,
+}
+
+/// Why a signed token was refused. `Expired` maps to `token_expired`, the rest to
+/// `auth_invalid`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("not a well-formed signed token")]
+    Malformed,
+    #[error("unknown key id")]
+    UnknownKey,
+    #[error("algorithm does not match the key")]
+    WrongAlgorithm,
+    #[error("signature does not verify")]
+    BadSignature,
+    #[error("token has expired")]
+    Expired,
+    #[error("token is not valid yet")]
+    NotYetValid,
+    #[error("token lifetime exceeds tokens.max_ttl")]
+    TtlTooLong,
+    #[error("token subject does not match the sandbox id")]
+    WrongSubject,
+    #[error("token has been revoked")]
+    Revoked,
+    #[error("invalid claims: {0}")]
+    Claims(String),
+}
+
+/// A verification key (and, where the instance holds it, a signing key).
+pub struct Key {
+    pub alg: Algorithm,
+    pub decoding: DecodingKey,
+    pub encoding: Option<EncodingKey>,
+}
+
+/// Everything needed to verify signed tokens at one policy generation.
+#[derive(Default)]
+pub struct Verifier {
+    keys: HashMap<String, Key>,
+    max_ttl: Duration,
+    leeway: Duration,
+    revoked: HashSet<String>,
+}
+
+impl Verifier {
+    pub fn new(keys: HashMap<String, Key>, max_ttl: Duration, leeway: Duration, revoked: HashSet<String>) -> Self {
+        Verifier { keys, max_ttl, leeway, revoked }
+    }
+
+    pub fn has_keys(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// True when a sandbox id or token id is on the revocation list.
+    pub fn is_revoked(&self, id: &str) -> bool {
+        self.revoked.contains(id)
+    }
+
+    /// Verifies `token` presented by Basic user `user` at unix time `now`.
+    pub fn verify(&self, token: &str, user: &str, now: u64) -> Result<Claims, TokenError> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
+        let kid = header.kid.as_deref().ok_or(TokenError::UnknownKey)?;
+        let key = self.keys.get(kid).ok_or(TokenError::UnknownKey)?;
+        if header.alg != key.alg {
+            return Err(TokenError::WrongAlgorithm);
+        }
+        let mut validation = Validation::new(key.alg);
+        validation.leeway = self.leeway.as_secs();
+        validation.validate_nbf = true;
+        validation.validate_exp = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        let data = jsonwebtoken::decode::<Claims>(token, &key.decoding, &validation).map_err(|e| match e.kind() {
+            ErrorKind::ExpiredSignature => TokenError::Expired,
+            ErrorKind::ImmatureSignature => TokenError::NotYetValid,
+            ErrorKind::InvalidSignature => TokenError::BadSignature,
+            ErrorKind::InvalidAlgorithm => TokenError::WrongAlgorithm,
+            ErrorKind::MissingRequiredClaim(c) | ErrorKind::InvalidClaimFormat(c) => TokenError::Claims(c.clone()),
+            ErrorKind::Json(e) => TokenError::Claims(e.to_string()),
+            _ => TokenError::Malformed,
+        })?;
+        let c = data.claims;
+        // The library checks exp and nbf against its own clock; check against ours too
+        // so that callers (and tests) control time.
+        let leeway = self.leeway.as_secs();
+        if c.exp.saturating_add(leeway) < now {
+            return Err(TokenError::Expired);
+        }
+        if c.nbf.is_some_and(|nbf| nbf > now.saturating_add(leeway)) {
+            return Err(TokenError::NotYetValid);
+        }
+        let issued = c.iat.unwrap_or(now);
+        if issued > now.saturating_add(leeway) {
+            return Err(TokenError::NotYetValid);
+        }
+        if c.exp.saturating_sub(issued) > self.max_ttl.as_secs().saturating_add(leeway) {
+            return Err(TokenError::TtlTooLong);
+        }
+        if c.sub != user {
+            return Err(TokenError::WrongSubject);
+        }
+        if self.revoked.contains(&c.sub) || c.jti.as_ref().is_some_and(|j| self.revoked.contains(j)) {
+            return Err(TokenError::Revoked);
+        }
+        Ok(c)
+    }
+
+    /// Signs `claims` with key `kid` (which must hold a signing key).
+    pub fn mint(&self, kid: &str, claims: &Claims) -> Result<String, String> {
+        let key = self.keys.get(kid).ok_or_else(|| format!("no key with kid {kid:?} in [tokens]"))?;
+        let encoding = key
+            .encoding
+            .as_ref()
+            .ok_or_else(|| format!("key {kid:?} has no signing key here (EdDSA needs private_key_file)"))?;
+        let mut header = Header::new(key.alg);
+        header.kid = Some(kid.to_string());
+        jsonwebtoken::encode(&header, claims, encoding).map_err(|e| e.to_string())
+    }
+}
+
+/// True when a Basic password looks like a JWT rather than a static token.
+pub fn looks_signed(secret: &str) -> bool {
+    secret.starts_with("eyJ") && secret.matches('.').count() == 2
+}
+
+/// Current unix time in seconds.
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verifier() -> Verifier {
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let mut keys = HashMap::new();
+        keys.insert(
+            "k1".to_string(),
+            Key {
+                alg: Algorithm::HS256,
+                decoding: DecodingKey::from_secret(secret).unwrap(),
+                encoding: Some(EncodingKey::from_secret(secret).unwrap()),
+            },
+        );
+        let revoked = ["sbx-revoked".to_string(), "jti-revoked".to_string()].into_iter().collect();
+        Verifier::new(keys, Duration::from_secs(3600), Duration::from_secs(30), revoked)
+    }
+
+    fn claims(sub: &str, iat: u64, exp: u64) -> Claims {
+        Claims { sub: sub.into(), pol: "p".into(), exp, iat: Some(iat), nbf: None, jti: None, repos: None }
+    }
+
+    #[test]
+    fn verifies_and_rejects() {
+        let v = verifier();
+        let t0 = now();
+        let ok = v.mint("k1", &claims("sbx-1", t0, t0 + 600)).unwrap();
+        assert!(looks_signed(&ok));
+        assert_eq!(v.verify(&ok, "sbx-1", t0).unwrap().pol, "p");
+        assert_eq!(v.verify(&ok, "sbx-2", t0), Err(TokenError::WrongSubject));
+        assert_eq!(v.verify(&ok, "sbx-1", t0 + 700), Err(TokenError::Expired));
+        let long = v.mint("k1", &claims("sbx-1", t0, t0 + 7200)).unwrap();
+        assert_eq!(v.verify(&long, "sbx-1", t0), Err(TokenError::TtlTooLong));
+        let revoked = v.mint("k1", &claims("sbx-revoked", t0, t0 + 60)).unwrap();
+        assert_eq!(v.verify(&revoked, "sbx-revoked", t0), Err(TokenError::Revoked));
+        let mut c = claims("sbx-1", t0, t0 + 60);
+        c.jti = Some("jti-revoked".into());
+        assert_eq!(v.verify(&v.mint("k1", &c).unwrap(), "sbx-1", t0), Err(TokenError::Revoked));
+        let future = v.mint("k1", &claims("sbx-1", t0 + 600, t0 + 900)).unwrap();
+        assert_eq!(v.verify(&future, "sbx-1", t0), Err(TokenError::NotYetValid));
+    }
+
+    #[test]
+    fn alg_none_and_tampering_are_rejected() {
+        let v = verifier();
+        let t0 = now();
+        let ok = v.mint("k1", &claims("sbx-1", t0, t0 + 600)).unwrap();
+        let parts: Vec<&str> = ok.split('.').collect();
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let none_header = b64.encode(r#"{"alg":"none","typ":"JWT","kid":"k1"}"#);
+        assert!(v.verify(&format!("{none_header}.{}.", parts[1]), "sbx-1", t0).is_err());
+        let other = b64.encode(format!(r#"{{"sub":"sbx-1","pol":"admin","exp":{}}}"#, t0 + 600));
+        assert_eq!(v.verify(&format!("{}.{other}.{}", parts[0], parts[2]), "sbx-1", t0), Err(TokenError::BadSignature));
+        let unknown = b64.encode(r#"{"alg":"HS256","typ":"JWT","kid":"k9"}"#);
+        assert_eq!(v.verify(&format!("{unknown}.{}.{}", parts[1], parts[2]), "sbx-1", t0), Err(TokenError::UnknownKey));
+        let hs384 = b64.encode(r#"{"alg":"HS384","typ":"JWT","kid":"k1"}"#);
+        assert_eq!(
+            v.verify(&format!("{hs384}.{}.{}", parts[1], parts[2]), "sbx-1", t0),
+            Err(TokenError::WrongAlgorithm)
+        );
+        assert_eq!(v.verify("eyJnot.a.token", "sbx-1", t0), Err(TokenError::Malformed));
+    }
+}
