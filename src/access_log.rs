@@ -63,6 +63,17 @@ pub fn raw_target(s: &str) -> String {
 
 impl AccessRecord {
     pub fn new(kind: Kind, method: &str, target: String, client_addr: SocketAddr, generation: u64) -> Self {
+        Self::with_vpce(kind, method, target, client_addr, generation, None)
+    }
+
+    pub fn with_vpce(
+        kind: Kind,
+        method: &str,
+        target: String,
+        client_addr: SocketAddr,
+        generation: u64,
+        vpce: Option<String>,
+    ) -> Self {
         AccessRecord {
             kind,
             method: method.to_string(),
@@ -79,7 +90,7 @@ impl AccessRecord {
             status: 0,
             bytes_up: 0,
             bytes_down: 0,
-            vpce: None,
+            vpce,
             shadow_decision: None,
         }
     }

@@ -50,6 +50,8 @@ pub enum AuthError {
     Invalid,
     #[error("signed token refused: {0}")]
     Token(TokenError),
+    #[error("credentials are bound to another VPC endpoint")]
+    WrongNetwork,
 }
 
 impl AuthError {
@@ -57,7 +59,9 @@ impl AuthError {
         match self {
             AuthError::Missing => DenyReason::AuthRequired,
             AuthError::Token(TokenError::Expired) => DenyReason::TokenExpired,
-            AuthError::Malformed | AuthError::Invalid | AuthError::Token(_) => DenyReason::AuthInvalid,
+            AuthError::Malformed | AuthError::Invalid | AuthError::Token(_) | AuthError::WrongNetwork => {
+                DenyReason::AuthInvalid
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod connect;
 pub mod forward;
+pub mod proxy_protocol;
 pub mod respond;
 pub mod server;
 pub mod tunnel;
@@ -49,7 +50,10 @@ pub struct Shared {
 /// Per-connection facts.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
+    /// The client: the TCP peer, or the address a trusted PROXY header names.
     pub peer: SocketAddr,
+    /// The AWS VPC endpoint the connection came through (PROXY protocol v2 TLV).
+    pub vpce: Option<String>,
 }
 
 /// Entry point for every request on the proxy port.
@@ -60,12 +64,13 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
     } else if req.uri().scheme().is_some() {
         forward::handle(req, conn, shared, state).await
     } else {
-        let mut rec = AccessRecord::new(
+        let mut rec = AccessRecord::with_vpce(
             Kind::Forward,
             req.method().as_str(),
             raw_target(&req.uri().to_string()),
             conn.peer,
             state.generation,
+            conn.vpce.clone(),
         );
         let hint = "this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT, \
                     e.g. curl -x http://SANDBOX_ID:TOKEN@gateway:4002 URL";
@@ -76,10 +81,15 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
 /// What a sandbox is told when its proxy credentials are missing or wrong.
 pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL";
 
-/// Authenticates from `Proxy-Authorization`.
-fn identify(state: &State, req: &Request<Incoming>) -> Result<auth::Identity, auth::AuthError> {
+/// Authenticates from `Proxy-Authorization`, and holds a sandbox bound to VPC endpoints
+/// (`vpce = [...]`) to the endpoint the connection came through.
+fn identify(state: &State, req: &Request<Incoming>, conn: &ConnInfo) -> Result<auth::Identity, auth::AuthError> {
     let value = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
-    auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())
+    let identity = auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())?;
+    if !identity.vpce.is_empty() && !conn.vpce.as_ref().is_some_and(|v| identity.vpce.contains(v)) {
+        return Err(auth::AuthError::WrongNetwork);
+    }
+    Ok(identity)
 }
 
 /// Records and answers a denial that happened before a sandbox was known, or for a

@@ -103,6 +103,9 @@ pub struct RawProxy {
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// "off", "optional" or "required".
+    pub proxy_protocol: String,
+    pub trusted_proxies: Vec<String>,
 }
 
 pub fn default_listen() -> String {
@@ -120,6 +123,8 @@ impl Default for RawProxy {
             max_connections: 10_000,
             max_header_bytes: 32 * 1024,
             max_headers: 100,
+            proxy_protocol: "off".to_string(),
+            trusted_proxies: Vec::new(),
         }
     }
 }

@@ -86,6 +86,19 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    pub proxy_protocol: ProxyProtocol,
+    /// Peers whose PROXY protocol headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+/// Whether connections on the proxy port start with a PROXY protocol header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyProtocol {
+    Off,
+    /// Parsed when a trusted proxy sends one; other clients connect directly.
+    Optional,
+    /// Every connection must come from a trusted proxy with a header.
+    Required,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +219,24 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     if !(8..=10_000).contains(&p.max_headers) {
         return Err(err("proxy.max_headers", &format!("expected 8 to 10000, got {}", p.max_headers)));
     }
+    let proxy_protocol = match p.proxy_protocol.as_str() {
+        "off" => ProxyProtocol::Off,
+        "optional" => ProxyProtocol::Optional,
+        "required" => ProxyProtocol::Required,
+        other => {
+            return Err(err(
+                "proxy.proxy_protocol",
+                &format!("expected \"off\", \"optional\" or \"required\", got {other:?}"),
+            ));
+        }
+    };
+    let mut trusted_proxies = Vec::new();
+    for (i, t) in p.trusted_proxies.iter().enumerate() {
+        trusted_proxies.push(parse_net(t).map_err(|m| err(&format!("proxy.trusted_proxies[{i}]"), &m))?);
+    }
+    if proxy_protocol != ProxyProtocol::Off && trusted_proxies.is_empty() {
+        return Err(err("proxy.trusted_proxies", &"expected at least one CIDR when proxy_protocol is on"));
+    }
     let proxy = ProxyConfig {
         listen,
         header_read_timeout: p.header_read_timeout,
@@ -215,6 +246,8 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         max_connections: p.max_connections,
         max_header_bytes: p.max_header_bytes,
         max_headers: p.max_headers,
+        proxy_protocol,
+        trusted_proxies,
     };
 
     let format = match raw.log.format.as_str() {

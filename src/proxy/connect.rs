@@ -20,8 +20,14 @@ pub async fn handle(
     state: Arc<State>,
 ) -> Response<ProxyBody> {
     let uri = req.uri();
-    let mut rec =
-        AccessRecord::new(Kind::Connect, "CONNECT", raw_target(&uri.to_string()), conn.peer, state.generation);
+    let mut rec = AccessRecord::with_vpce(
+        Kind::Connect,
+        "CONNECT",
+        raw_target(&uri.to_string()),
+        conn.peer,
+        state.generation,
+        conn.vpce.clone(),
+    );
 
     if req.version() != Version::HTTP_11 {
         return reject(&mut rec, DenyReason::BadRequest, "CONNECT requires HTTP/1.1");
@@ -40,8 +46,9 @@ pub async fn handle(
     };
     rec.target = target.to_string();
 
-    let sandbox = match identify(&state, &req) {
+    let sandbox = match identify(&state, &req, conn) {
         Ok(s) => s,
+        Err(e @ crate::auth::AuthError::WrongNetwork) => return reject(&mut rec, e.reason(), &e.to_string()),
         Err(e) => return reject(&mut rec, e.reason(), super::AUTH_HINT),
     };
     let decision = sandbox.policy.decide(&target);

@@ -32,12 +32,13 @@ pub async fn handle(
     state: Arc<State>,
 ) -> Response<ProxyBody> {
     let method = req.method().clone();
-    let mut rec = AccessRecord::new(
+    let mut rec = AccessRecord::with_vpce(
         Kind::Forward,
         method.as_str(),
         raw_target(&req.uri().to_string()),
         conn.peer,
         state.generation,
+        conn.vpce.clone(),
     );
 
     match req.uri().scheme_str() {
@@ -62,8 +63,9 @@ pub async fn handle(
     };
     rec.target = target.to_string();
 
-    let sandbox = match identify(&state, &req) {
+    let sandbox = match identify(&state, &req, conn) {
         Ok(s) => s,
+        Err(e @ crate::auth::AuthError::WrongNetwork) => return reject(&mut rec, e.reason(), &e.to_string()),
         Err(e) => return reject(&mut rec, e.reason(), super::AUTH_HINT),
     };
     let decision = sandbox.policy.decide(&target);

@@ -14,7 +14,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use std::net::SocketAddr;
+
+use super::proxy_protocol::{self, Detect};
 use super::{ConnInfo, Shared, handle, respond};
+use crate::config::ProxyProtocol;
 
 /// Accepts until `shutdown` fires. Connections in progress are told to finish their
 /// current request and close; the caller waits for them through `shared.tasks`.
@@ -50,9 +54,44 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
         let shutdown = shutdown.clone();
         shared.tasks.clone().spawn(async move {
             let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
-            serve_connection(stream, ConnInfo { peer }, shared, shutdown).await;
+            let mut stream = stream;
+            if let Some(conn) = admit(&mut stream, peer, &shared).await {
+                serve_connection(stream, conn, shared, shutdown).await;
+            }
             drop(permit);
         });
+    }
+}
+
+/// Applies `proxy.proxy_protocol`: a header is believed only from `trusted_proxies`
+/// (from anyone else it closes the connection); `required` closes connections without
+/// one. Returns the connection's facts, with the real client address, or `None` to
+/// close.
+async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
+    let cfg = &shared.config.proxy;
+    if cfg.proxy_protocol == ProxyProtocol::Off {
+        return Some(ConnInfo { peer, vpce: None });
+    }
+    let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
+    let reject = |why: &'static str| {
+        tracing::debug!(client_addr = %peer, why, "connection closed by PROXY protocol admission");
+        ::metrics::counter!(crate::metrics::PROXY_PROTOCOL_REJECTED, "why" => why).increment(1);
+        None
+    };
+    let kind = match proxy_protocol::sniff(stream, cfg.header_read_timeout).await {
+        Ok(k) => k,
+        Err(_) => return reject("timeout"),
+    };
+    match (kind, trusted, cfg.proxy_protocol) {
+        (Detect::V1 | Detect::V2, false, _) => reject("untrusted_header"),
+        (Detect::V1 | Detect::V2, true, _) => {
+            match proxy_protocol::read_header(stream, kind, cfg.header_read_timeout).await {
+                Ok(h) => Some(ConnInfo { peer: h.source.unwrap_or(peer), vpce: h.vpce }),
+                Err(_) => reject("malformed_header"),
+            }
+        }
+        (_, _, ProxyProtocol::Required) => reject("missing_header"),
+        _ => Some(ConnInfo { peer, vpce: None }),
     }
 }
 
