@@ -106,7 +106,7 @@ fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Response<Fu
                     r#"{"error":"admin token required (Authorization: Bearer ...)"}"#.into(),
                 );
             }
-            match shared.store.reload(&shared.config) {
+            match shared.reload() {
                 Ok(generation) => reply(
                     StatusCode::OK,
                     "application/json",

@@ -52,8 +52,13 @@ impl Gateway {
     pub async fn bind(config: Config) -> Result<Gateway, GatewayError> {
         crate::metrics::install();
         let loaded = crate::reload::load(&config)?;
-        let resolver = Resolver::new(&config.resolver, config.egress.filter.clone(), config.proxy.connect_timeout)
-            .map_err(GatewayError::Resolver)?;
+        let resolver = Resolver::with_keepalive(
+            &config.resolver,
+            config.egress.filter.clone(),
+            config.proxy.connect_timeout,
+            config.proxy.tcp_keepalive,
+        )
+        .map_err(GatewayError::Resolver)?;
         let resolver = Arc::new(resolver);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
@@ -74,6 +79,10 @@ impl Gateway {
             })?),
             None => None,
         };
+        let limits = crate::proxy::limits::SandboxLimits::new(
+            config.proxy.sandbox_max_concurrent,
+            config.proxy.sandbox_max_per_second,
+        );
         let shared = Arc::new(Shared {
             store: Store::new(loaded),
             config,
@@ -82,6 +91,8 @@ impl Gateway {
             tasks: TaskTracker::new(),
             hard_stop: CancellationToken::new(),
             draining: AtomicBool::new(false),
+            tunnels: Default::default(),
+            limits,
         });
         Ok(Gateway { shared, proxy, admin, dns })
     }
@@ -178,7 +189,7 @@ async fn reload_on_sighup(shared: Arc<Shared>, stop: CancellationToken) {
             r = hup.recv() => if r.is_none() { return },
         }
         // The outcome is logged and counted by the store.
-        let _ = shared.store.reload(&shared.config);
+        let _ = shared.reload();
     }
 }
 

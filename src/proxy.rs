@@ -3,7 +3,9 @@
 
 pub mod connect;
 pub mod forward;
+pub mod limits;
 pub mod proxy_protocol;
+pub mod registry;
 pub mod respond;
 pub mod server;
 pub mod tunnel;
@@ -45,6 +47,23 @@ pub struct Shared {
     pub hard_stop: CancellationToken,
     /// Set on shutdown: `/readyz` answers 503 from then on.
     pub draining: std::sync::atomic::AtomicBool,
+    pub tunnels: registry::Registry,
+    pub limits: limits::SandboxLimits,
+}
+
+impl Shared {
+    /// Reloads policies, shadow policies, token keys and revocations; on success closes
+    /// open tunnels the new state no longer allows (`proxy.close_revoked_tunnels`).
+    pub fn reload(&self) -> Result<u64, crate::config::ConfigError> {
+        let generation = self.store.reload(&self.config)?;
+        if self.config.proxy.close_revoked_tunnels {
+            let closed = self.tunnels.close_disallowed(&self.store.snapshot());
+            if closed > 0 {
+                tracing::info!(closed, generation, "tunnels closed after reload");
+            }
+        }
+        Ok(generation)
+    }
 }
 
 /// Per-connection facts.

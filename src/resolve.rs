@@ -49,10 +49,29 @@ pub struct Resolver {
     filter: EgressFilter,
     connect_timeout: Duration,
     resolve_timeout: Duration,
+    keepalive: Duration,
+}
+
+/// TCP keepalive after `idle`, so that idle tunnels survive load balancers (the AWS
+/// NLB drops flows idle for 350 s) and dead peers are noticed.
+pub fn set_keepalive(stream: &TcpStream, idle: Duration) {
+    let ka = socket2::TcpKeepalive::new().with_time(idle).with_interval(Duration::from_secs(10));
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "cannot set TCP keepalive");
+    }
 }
 
 impl Resolver {
     pub fn new(cfg: &ResolverConfig, filter: EgressFilter, connect_timeout: Duration) -> io::Result<Self> {
+        Self::with_keepalive(cfg, filter, connect_timeout, Duration::from_secs(60))
+    }
+
+    pub fn with_keepalive(
+        cfg: &ResolverConfig,
+        filter: EgressFilter,
+        connect_timeout: Duration,
+        keepalive: Duration,
+    ) -> io::Result<Self> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if cfg.nameservers.is_empty() {
             TokioResolver::builder(provider.clone()).unwrap_or_else(|e| {
@@ -80,7 +99,7 @@ impl Resolver {
         opts.use_hosts_file = if cfg.hosts_file { ResolveHosts::Always } else { ResolveHosts::Never };
         opts.ndots = 0;
         let dns = builder.build().map_err(io::Error::other)?;
-        Ok(Resolver { hosts: cfg.hosts.clone(), dns, filter, connect_timeout, resolve_timeout: cfg.timeout })
+        Ok(Resolver { hosts: cfg.hosts.clone(), dns, filter, connect_timeout, resolve_timeout: cfg.timeout, keepalive })
     }
 
     pub fn filter(&self) -> &EgressFilter {
@@ -125,6 +144,7 @@ impl Resolver {
             match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
+                    set_keepalive(&stream, self.keepalive);
                     return Ok((stream, addr));
                 }
                 Ok(Err(e)) => last_err = Some(e),

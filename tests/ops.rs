@@ -179,3 +179,131 @@ fn sigterm_drains_in_flight_downloads() {
     assert_eq!(code, Some(0));
     assert!(signalled.elapsed() < Duration::from_secs(8));
 }
+
+#[test]
+fn per_sandbox_limits_answer_429_and_spare_other_sandboxes() {
+    use std::io::Read;
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nsandbox_max_concurrent = 2\n");
+    let gw = TestGateway::start(&config, &standard_policy());
+    let connect = |user: &str, token: &str| {
+        let mut s = raw::connect(gw.addr);
+        let req = format!(
+            "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+            origin.port(),
+            basic(user, token)
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let head = raw::read_head(&mut s);
+        (s, head)
+    };
+    let (_t1, h1) = connect("sbx-a", TOKEN_A);
+    let (_t2, h2) = connect("sbx-a", TOKEN_A);
+    assert_eq!((status(&h1), status(&h2)), (200, 200));
+    let (mut t3, h3) = connect("sbx-a", TOKEN_A);
+    assert_eq!(status(&h3), 429, "{h3}");
+    assert!(h3.contains("limit_exceeded"), "{h3}");
+    let mut body = [0u8; 512];
+    let n = t3.read(&mut body).unwrap_or(0);
+    assert!(String::from_utf8_lossy(&body[..n]).contains("sandbox_max_concurrent"));
+    // Another sandbox is unaffected.
+    let (_t4, h4) = connect("sbx-r", support::TOKEN_B);
+    assert_eq!(status(&h4), 200, "{h4}");
+    drop((_t1, _t2));
+}
+
+#[test]
+fn a_revoked_sandboxs_open_tunnel_is_closed_on_reload() {
+    use std::io::Read;
+    let origin = TestOrigin::http();
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut tunnel = raw::connect(gw.addr);
+    let req = format!(
+        "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    tunnel.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
+    tunnel.write_all(b"GET /echo HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
+    assert_eq!(status(&raw::read_response(&mut tunnel)), 200, "the tunnel works");
+
+    // Another tunnel whose target stays allowed must survive the reload.
+    let mut kept = raw::connect(gw.addr);
+    let req = format!(
+        "CONNECT tls.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    kept.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut kept)), 200);
+
+    let narrowed = standard_policy().replace("\"origin.test:*\", ", "");
+    std::fs::write(gw.dir.path().join("policy/test.toml"), narrowed).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "tunnels closed after reload" && v["closed"] == 1);
+    let mut buf = [0u8; 16];
+    tunnel.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert!(matches!(tunnel.read(&mut buf), Ok(0) | Err(_)), "revoked tunnel closed");
+    kept.write_all(b"GET /echo HTTP/1.1\r\nHost: tls.test\r\n\r\n").unwrap();
+    assert_eq!(status(&raw::read_response(&mut kept)), 200, "allowed tunnel untouched");
+}
+
+#[test]
+fn reload_under_continuous_load_fails_no_request() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let origin = TestOrigin::http();
+    // The per-sandbox rate limit would answer 429 to this loop: lift it.
+    let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nsandbox_max_per_second = 0\n");
+    let gw = TestGateway::start(&config, &standard_policy());
+    let (addr, port) = (gw.addr, origin.port());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let req = format!(
+                    "GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+                    basic("sbx-a", TOKEN_A)
+                );
+                let mut s = raw::connect(addr);
+                // Bounded: at most 5,000 requests per worker.
+                for _ in 0..5000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if s.write_all(req.as_bytes()).is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        s = raw::connect(addr);
+                        continue;
+                    }
+                    if status(&raw::read_response(&mut s)) == 200 {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    let admin = gw.admin_addr();
+    for i in 0..10 {
+        if i % 2 == 0 {
+            assert_eq!(post(admin, "/v1/reload", None).0, 200);
+        } else {
+            gw.signal("HUP");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (_, status_body) = get(admin, "/v1/status");
+    let v: serde_json::Value = serde_json::from_str(&status_body).unwrap();
+    assert!(v["policy_generation"].as_u64().unwrap() >= 10, "{v}");
+    assert!(ok.load(Ordering::Relaxed) > 100, "load ran: {}", ok.load(Ordering::Relaxed));
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed during reloads");
+}

@@ -105,6 +105,11 @@ pub struct RawProxy {
     pub max_headers: usize,
     /// "off", "optional" or "required".
     pub proxy_protocol: String,
+    pub close_revoked_tunnels: bool,
+    pub sandbox_max_concurrent: usize,
+    pub sandbox_max_per_second: u32,
+    #[serde(with = "humantime_serde")]
+    pub tcp_keepalive: Duration,
     pub trusted_proxies: Vec<String>,
 }
 
@@ -124,6 +129,10 @@ impl Default for RawProxy {
             max_header_bytes: 32 * 1024,
             max_headers: 100,
             proxy_protocol: "off".to_string(),
+            close_revoked_tunnels: true,
+            sandbox_max_concurrent: 512,
+            sandbox_max_per_second: 200,
+            tcp_keepalive: Duration::from_secs(60),
             trusted_proxies: Vec::new(),
         }
     }

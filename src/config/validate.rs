@@ -87,6 +87,14 @@ pub struct ProxyConfig {
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub proxy_protocol: ProxyProtocol,
+    /// On reload, close open tunnels the new policies no longer allow.
+    pub close_revoked_tunnels: bool,
+    /// Per sandbox: open tunnels plus in-flight requests (0: unlimited).
+    pub sandbox_max_concurrent: usize,
+    /// Per sandbox: new tunnels and requests per second, bursts of twice that (0: unlimited).
+    pub sandbox_max_per_second: u32,
+    /// TCP keepalive idle time on both legs (the NLB idle timeout is 350 s).
+    pub tcp_keepalive: Duration,
     /// Peers whose PROXY protocol headers are believed.
     pub trusted_proxies: Vec<IpNet>,
 }
@@ -207,6 +215,7 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     positive(file, "proxy.connect_timeout", p.connect_timeout)?;
     positive(file, "proxy.response_header_timeout", p.response_header_timeout)?;
     positive(file, "proxy.tunnel_idle_timeout", p.tunnel_idle_timeout)?;
+    positive(file, "proxy.tcp_keepalive", p.tcp_keepalive)?;
     if p.max_connections == 0 {
         return Err(err("proxy.max_connections", &"expected at least 1"));
     }
@@ -247,6 +256,10 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         max_header_bytes: p.max_header_bytes,
         max_headers: p.max_headers,
         proxy_protocol,
+        close_revoked_tunnels: p.close_revoked_tunnels,
+        sandbox_max_concurrent: p.sandbox_max_concurrent,
+        sandbox_max_per_second: p.sandbox_max_per_second,
+        tcp_keepalive: p.tcp_keepalive,
         trusted_proxies,
     };
 

@@ -59,6 +59,10 @@ pub async fn handle(
         let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
         return deny_by_policy(&mut rec, &sandbox.policy, &subject, &decision, reason);
     }
+    let permit = match shared.limits.acquire(&sandbox.sandbox) {
+        Ok(p) => p,
+        Err(e) => return reject(&mut rec, DenyReason::LimitExceeded, &e.to_string()),
+    };
 
     let (upstream, upstream_addr) = match shared.resolver.dial(&target).await {
         Ok(ok) => ok,
@@ -72,8 +76,13 @@ pub async fn handle(
 
     let on_upgrade = hyper::upgrade::on(req);
     let idle = shared.config.proxy.tunnel_idle_timeout;
-    let cancel = shared.hard_stop.clone();
+    let cancel = shared.hard_stop.child_token();
+    let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
+    let (sandbox_id, task_shared) = (sandbox.sandbox.clone(), shared.clone());
     shared.tasks.spawn(async move {
+        let _permit = permit;
+        let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_TUNNELS_ACTIVE);
+        let _registered = task_shared.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
         match on_upgrade.await {
             Ok(upgraded) => {
                 let out = tunnel::relay(TokioIo::new(upgraded), upstream, idle, &cancel).await;

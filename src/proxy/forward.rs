@@ -76,6 +76,10 @@ pub async fn handle(
         let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
         return deny_by_policy(&mut rec, &sandbox.policy, &subject, &decision, reason);
     }
+    let permit = match shared.limits.acquire(&sandbox.sandbox) {
+        Ok(p) => p,
+        Err(e) => return reject(&mut rec, DenyReason::LimitExceeded, &e.to_string()),
+    };
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -107,9 +111,14 @@ pub async fn handle(
     {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let idle = shared.config.proxy.tunnel_idle_timeout;
-        let cancel = shared.hard_stop.clone();
+        let cancel = shared.hard_stop.child_token();
+        let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
+        let (sandbox_id, shared_for_task) = (sandbox.sandbox.clone(), shared.clone());
         shared.tasks.spawn(async move {
             let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_TUNNELS_ACTIVE);
+            let _permit = permit;
+            let _registered =
+                shared_for_task.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
                 let out = tunnel::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel).await;
                 rec.bytes_up = out.up;
@@ -124,7 +133,7 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    let body = LoggedBody { inner: body, bytes: 0, bytes_up, rec: Some(rec) };
+    let body = LoggedBody { inner: body, bytes: 0, bytes_up, rec: Some(rec), _permit: permit };
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -232,6 +241,8 @@ struct LoggedBody {
     bytes: u64,
     bytes_up: Arc<AtomicU64>,
     rec: Option<AccessRecord>,
+    /// The sandbox's concurrency slot, held until the response body is done.
+    _permit: super::limits::Permit,
 }
 
 impl Body for LoggedBody {

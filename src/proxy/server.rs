@@ -50,6 +50,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
             continue;
         };
         let _ = stream.set_nodelay(true);
+        crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
         let shared = shared.clone();
         let shutdown = shutdown.clone();
         shared.tasks.clone().spawn(async move {
