@@ -79,6 +79,10 @@ impl Gateway {
             })?),
             None => None,
         };
+        let tls = match &config.proxy.tls {
+            Some((cert, key)) => Some(crate::proxy::tls::TlsState::load(cert, key, &config.file)?),
+            None => None,
+        };
         let limits = crate::proxy::limits::SandboxLimits::new(
             config.proxy.sandbox_max_concurrent,
             config.proxy.sandbox_max_per_second,
@@ -93,6 +97,7 @@ impl Gateway {
             draining: AtomicBool::new(false),
             tunnels: Default::default(),
             limits,
+            tls,
         });
         Ok(Gateway { shared, proxy, admin, dns })
     }
@@ -135,6 +140,7 @@ impl Gateway {
         let admin_state = Arc::new(Admin { shared: shared.clone(), metrics: crate::metrics::install() });
         let admin_task = tokio::spawn(admin::serve(admin, admin_state, admin_stop.clone()));
         let reloader = tokio::spawn(reload_on_sighup(shared.clone(), stop_accepting.clone()));
+        let watcher = tokio::spawn(reload_on_change(shared.clone(), stop_accepting.clone()));
         let dns_task = dns.map(|d| tokio::spawn(d.run(stop_accepting.clone())));
         let proxy_task = tokio::spawn(proxy::server::serve(proxy, shared.clone(), stop_accepting.clone()));
 
@@ -156,6 +162,7 @@ impl Gateway {
         stop_accepting.cancel();
         let _ = proxy_task.await;
         reloader.abort();
+        watcher.abort();
         if let Some(t) = dns_task {
             let _ = t.await;
         }
@@ -173,6 +180,29 @@ impl Gateway {
         admin_stop.cancel();
         let _ = admin_task.await;
         tracing::info!(clean = finished, "stopped");
+    }
+}
+
+/// Polls the files a reload reads and reloads when any changes (`policy.watch_interval`).
+/// Polling needs no platform support and is cheap at this scale: a few stat calls.
+async fn reload_on_change(shared: Arc<Shared>, stop: CancellationToken) {
+    let Some(interval) = shared.config.policy.watch_interval else { return };
+    let fingerprint = || {
+        let config = shared.config.clone();
+        tokio::task::spawn_blocking(move || crate::reload::fingerprint(&config))
+    };
+    let Ok(mut last) = fingerprint().await else { return };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let Ok(now) = fingerprint().await else { continue };
+        if now != last {
+            last = now;
+            tracing::info!("policy files changed; reloading");
+            let _ = shared.reload();
+        }
     }
 }
 

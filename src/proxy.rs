@@ -8,6 +8,7 @@ pub mod proxy_protocol;
 pub mod registry;
 pub mod respond;
 pub mod server;
+pub mod tls;
 pub mod tunnel;
 pub mod upstream;
 
@@ -49,6 +50,8 @@ pub struct Shared {
     pub draining: std::sync::atomic::AtomicBool,
     pub tunnels: registry::Registry,
     pub limits: limits::SandboxLimits,
+    /// Set when the proxy port speaks TLS.
+    pub tls: Option<tls::TlsState>,
 }
 
 impl Shared {
@@ -56,6 +59,11 @@ impl Shared {
     /// open tunnels the new state no longer allows (`proxy.close_revoked_tunnels`).
     pub fn reload(&self) -> Result<u64, crate::config::ConfigError> {
         let generation = self.store.reload(&self.config)?;
+        if let Some(tls) = &self.tls
+            && let Err(e) = tls.reload()
+        {
+            tracing::error!(error = %e, "TLS certificate reload failed; keeping the previous certificate");
+        }
         if self.config.proxy.close_revoked_tunnels {
             let closed = self.tunnels.close_disallowed(&self.store.snapshot());
             if closed > 0 {

@@ -99,3 +99,38 @@ impl Store {
         result
     }
 }
+
+/// A fingerprint of every file a reload reads (policy and shadow directories, token
+/// keys, the revocation file, TLS certificate and key): names, sizes and modification
+/// times. A change means a reload is due.
+pub fn fingerprint(config: &Config) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    if let config::PolicySource::Dir(d) = &config.policy.source {
+        files.extend(config::policy_files::policy_files(d).unwrap_or_default());
+    }
+    if let Some(d) = &config.policy.shadow {
+        files.extend(config::policy_files::policy_files(d).unwrap_or_default());
+    }
+    files.extend(config.tokens.revocation_file.iter().cloned());
+    for k in &config.tokens.keys {
+        if let Some(config::SecretSource::File(p)) = &k.secret {
+            files.push(p.clone());
+        }
+        files.extend(k.public_key_file.iter().cloned());
+        files.extend(k.private_key_file.iter().cloned());
+    }
+    if let Some((cert, key)) = &config.proxy.tls {
+        files.push(cert.clone());
+        files.push(key.clone());
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in files {
+        f.hash(&mut h);
+        if let Ok(m) = std::fs::metadata(&f) {
+            m.len().hash(&mut h);
+            m.modified().ok().hash(&mut h);
+        }
+    }
+    h.finish()
+}

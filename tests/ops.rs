@@ -307,3 +307,49 @@ fn reload_under_continuous_load_fails_no_request() {
     assert!(ok.load(Ordering::Relaxed) > 100, "load ran: {}", ok.load(Ordering::Relaxed));
     assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed during reloads");
 }
+
+#[test]
+fn https_proxy_listener_with_curl() {
+    let origin_ca = support::tls::TestCa::new(&["tls.test"]);
+    let origin = TestOrigin::https(&origin_ca);
+    let proxy_ca = support::tls::TestCa::new(&["localhost", "127.0.0.1"]);
+    let config = STANDARD_CONFIG.replace(
+        "[proxy]\n",
+        &format!(
+            "[proxy]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
+            proxy_ca.cert_pem_path.display(),
+            proxy_ca.key_pem_path.display()
+        ),
+    );
+    let gw = TestGateway::start(&config, &standard_policy());
+    let proxy = format!("https://sbx-a:{TOKEN_A}@127.0.0.1:{}", gw.addr.port());
+    let out = curl(&[
+        "--proxy",
+        &proxy,
+        "--proxy-cacert",
+        proxy_ca.ca_pem_path.to_str().unwrap(),
+        "--cacert",
+        origin_ca.ca_pem_path.to_str().unwrap(),
+        &format!("https://tls.test:{}/echo", origin.port()),
+    ]);
+    assert_eq!((out.exit, out.connect_status, out.status), (0, 200, 200), "{out:?}");
+    // Plain HTTP on the TLS port gets no answer.
+    let resp = raw::exchange(gw.addr, b"GET http://tls.test/ HTTP/1.1\r\n\r\n");
+    assert!(!resp.starts_with("HTTP/1.1 200"), "{resp}");
+    // An untrusted proxy certificate is refused by the client.
+    let out = curl(&["--proxy", &proxy, &format!("https://tls.test:{}/echo", origin.port())]);
+    assert_ne!(out.exit, 0);
+}
+
+#[test]
+fn changed_policy_files_reload_by_themselves() {
+    let origin = TestOrigin::http();
+    let gw =
+        TestGateway::start_with_policy_section(STANDARD_CONFIG, &standard_policy(), "watch_interval = \"200ms\"\n");
+    assert_eq!(deny_status(&gw, &origin), 403);
+    let widened =
+        standard_policy().replace("allow = [\"b-only.test:*\"]", "allow = [\"b-only.test:*\", \"origin.test:*\"]");
+    std::fs::write(gw.dir.path().join("policy/test.toml"), widened).unwrap();
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded");
+    assert_eq!(deny_status(&gw, &origin), 200);
+}

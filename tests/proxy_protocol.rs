@@ -75,11 +75,11 @@ fn headers_from_untrusted_peers_and_malformed_headers_close_the_connection() {
     let origin = TestOrigin::http();
     let gw = TestGateway::start(&config("optional"), &standard_policy());
     let mut s = connect_from("127.0.0.2", gw.addr);
-    s.write_all(&encode_v2(client(), gw.addr, Some("vpce-0abc123"))).unwrap();
-    s.write_all(request(&origin, "sbx-a").as_bytes()).unwrap();
+    s.write_all(&encode_v2(client(), gw.addr, Some("vpce-0abc123"))).ok();
+    s.write_all(request(&origin, "sbx-a").as_bytes()).ok();
     assert!(closed_silently(&mut s), "a header from an untrusted peer is refused");
     let mut s = connect_from("127.0.0.2", gw.addr);
-    s.write_all(b"PROXY TCP4 203.0.113.50 127.0.0.1 51000 4002\r\n").unwrap();
+    s.write_all(b"PROXY TCP4 203.0.113.50 127.0.0.1 51000 4002\r\n").ok();
     assert!(closed_silently(&mut s));
 
     // The untrusted peer without a header is an ordinary client.
@@ -88,12 +88,12 @@ fn headers_from_untrusted_peers_and_malformed_headers_close_the_connection() {
     assert_eq!(status(&read_response(&mut s)), 200);
 
     let mut s = connect_from("127.0.0.1", gw.addr);
-    s.write_all(b"PROXY TCP4 not-an-ip 127.0.0.1 1 2\r\n").unwrap();
+    s.write_all(b"PROXY TCP4 not-an-ip 127.0.0.1 1 2\r\n").ok();
     assert!(closed_silently(&mut s), "malformed header");
     let mut bad = encode_v2(client(), gw.addr, None);
     bad[12] = 0x31; // version 3
     let mut s = connect_from("127.0.0.1", gw.addr);
-    s.write_all(&bad).unwrap();
+    s.write_all(&bad).ok();
     assert!(closed_silently(&mut s));
     assert_eq!(origin.recorded().len(), 1);
 }

@@ -110,6 +110,9 @@ pub struct RawProxy {
     pub sandbox_max_per_second: u32,
     #[serde(with = "humantime_serde")]
     pub tcp_keepalive: Duration,
+    /// PEM certificate chain and key: the proxy port speaks TLS (an HTTPS proxy).
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
     pub trusted_proxies: Vec<String>,
 }
 
@@ -133,6 +136,8 @@ impl Default for RawProxy {
             sandbox_max_concurrent: 512,
             sandbox_max_per_second: 200,
             tcp_keepalive: Duration::from_secs(60),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
             trusted_proxies: Vec::new(),
         }
     }
@@ -194,11 +199,19 @@ pub struct RawPolicySection {
     pub mode: Mode,
     /// A second policy directory decided alongside, for comparison only; empty: none.
     pub shadow_dir: String,
+    /// How often to look for changed policy, key, revocation and certificate files; 0s: never.
+    #[serde(with = "humantime_serde")]
+    pub watch_interval: Duration,
 }
 
 impl Default for RawPolicySection {
     fn default() -> Self {
-        RawPolicySection { dir: "policy".to_string(), mode: Mode::Enforce, shadow_dir: String::new() }
+        RawPolicySection {
+            dir: "policy".to_string(),
+            mode: Mode::Enforce,
+            shadow_dir: String::new(),
+            watch_interval: Duration::from_secs(2),
+        }
     }
 }
 

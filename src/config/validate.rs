@@ -95,6 +95,8 @@ pub struct ProxyConfig {
     pub sandbox_max_per_second: u32,
     /// TCP keepalive idle time on both legs (the NLB idle timeout is 350 s).
     pub tcp_keepalive: Duration,
+    /// (certificate chain, key) PEM files when the proxy port speaks TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
     /// Peers whose PROXY protocol headers are believed.
     pub trusted_proxies: Vec<IpNet>,
 }
@@ -199,6 +201,8 @@ pub struct PolicyConfig {
     /// Shadow policies: every request is also decided under them and disagreements are
     /// logged and counted, without affecting traffic.
     pub shadow: Option<PathBuf>,
+    /// Poll interval for changed files that trigger a reload (None: no watching).
+    pub watch_interval: Option<Duration>,
 }
 
 const MIN_HEADER_BYTES: usize = 1024;
@@ -246,6 +250,13 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     if proxy_protocol != ProxyProtocol::Off && trusted_proxies.is_empty() {
         return Err(err("proxy.trusted_proxies", &"expected at least one CIDR when proxy_protocol is on"));
     }
+    let tls = match (p.tls_cert_file.is_empty(), p.tls_key_file.is_empty()) {
+        (true, true) => None,
+        (false, false) => {
+            Some((clean_path(&base_dir.join(&p.tls_cert_file)), clean_path(&base_dir.join(&p.tls_key_file))))
+        }
+        _ => return Err(err("proxy.tls_cert_file", &"expected both tls_cert_file and tls_key_file, or neither")),
+    };
     let proxy = ProxyConfig {
         listen,
         header_read_timeout: p.header_read_timeout,
@@ -260,6 +271,7 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         sandbox_max_concurrent: p.sandbox_max_concurrent,
         sandbox_max_per_second: p.sandbox_max_per_second,
         tcp_keepalive: p.tcp_keepalive,
+        tls,
         trusted_proxies,
     };
 
@@ -321,7 +333,8 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let dir = PathBuf::from(&raw.policy.dir);
     let dir = if dir.is_absolute() { dir } else { clean_path(&base_dir.join(dir)) };
     let shadow = (!raw.policy.shadow_dir.is_empty()).then(|| clean_path(&base_dir.join(&raw.policy.shadow_dir)));
-    let policy = PolicyConfig { source: PolicySource::Dir(dir), mode: raw.policy.mode, shadow };
+    let watch_interval = (!raw.policy.watch_interval.is_zero()).then_some(raw.policy.watch_interval);
+    let policy = PolicyConfig { source: PolicySource::Dir(dir), mode: raw.policy.mode, shadow, watch_interval };
 
     let dns = raw.dns.map(|d| validate_dns(d, file)).transpose()?;
     let admin = validate_admin(raw.admin, file, base_dir)?;

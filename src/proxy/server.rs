@@ -57,7 +57,20 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
             let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
             let mut stream = stream;
             if let Some(conn) = admit(&mut stream, peer, &shared).await {
-                serve_connection(stream, conn, shared, shutdown).await;
+                match &shared.tls {
+                    None => serve_connection(stream, conn, shared, shutdown).await,
+                    Some(tls) => {
+                        let handshake = tokio::time::timeout(
+                            shared.config.proxy.header_read_timeout,
+                            tls.acceptor().accept(stream),
+                        );
+                        match handshake.await {
+                            Ok(Ok(tls_stream)) => serve_connection(tls_stream, conn, shared, shutdown).await,
+                            Ok(Err(e)) => tracing::debug!(client_addr = %conn.peer, error = %e, "TLS handshake failed"),
+                            Err(_) => tracing::debug!(client_addr = %conn.peer, "TLS handshake timed out"),
+                        }
+                    }
+                }
             }
             drop(permit);
         });
@@ -96,7 +109,10 @@ async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Opt
     }
 }
 
-async fn serve_connection(stream: TcpStream, conn: ConnInfo, shared: Arc<Shared>, shutdown: CancellationToken) {
+async fn serve_connection<I>(stream: I, conn: ConnInfo, shared: Arc<Shared>, shutdown: CancellationToken)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let cfg = &shared.config.proxy;
     let mut builder = http1::Builder::new();
     builder

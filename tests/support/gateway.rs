@@ -36,8 +36,10 @@ impl TestGateway {
         std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
         std::fs::write(dir.path().join("policy/test.toml"), policy).expect("write policy");
         let admin = if config.contains("[admin]") { "" } else { "[admin]\nlisten = \"127.0.0.1:0\"\n" };
+        // Reloads happen when a test asks for them, unless it tests the file watcher.
+        let watch = if policy_keys.contains("watch_interval") { "" } else { "watch_interval = \"0s\"\n" };
         let cfg = format!(
-            "[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{policy_keys}{admin}{config}"
+            "[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{watch}{policy_keys}{admin}{config}"
         );
         std::fs::write(dir.path().join("gateway.toml"), cfg).expect("write config");
         Self::spawn(dir)

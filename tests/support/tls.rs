@@ -8,6 +8,9 @@ use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
 pub struct TestCa {
     pub ca_pem_path: PathBuf,
+    /// The server certificate and key as PEM files (for the gateway's own TLS).
+    pub cert_pem_path: PathBuf,
+    pub key_pem_path: PathBuf,
     pub server_config: Arc<rustls::ServerConfig>,
     _dir: tempfile::TempDir,
 }
@@ -27,6 +30,10 @@ impl TestCa {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca_pem_path = dir.path().join("ca.pem");
         std::fs::write(&ca_pem_path, ca.pem()).expect("write ca");
+        let cert_pem_path = dir.path().join("cert.pem");
+        let key_pem_path = dir.path().join("key.pem");
+        std::fs::write(&cert_pem_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_pem_path, key.serialize_pem()).expect("write key");
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server_config = rustls::ServerConfig::builder_with_provider(provider)
@@ -38,6 +45,6 @@ impl TestCa {
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
             )
             .expect("server config");
-        TestCa { ca_pem_path, server_config: Arc::new(server_config), _dir: dir }
+        TestCa { ca_pem_path, cert_pem_path, key_pem_path, server_config: Arc::new(server_config), _dir: dir }
     }
 }
