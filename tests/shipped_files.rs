@@ -97,3 +97,34 @@ fn token_cli_hashes_and_generates() {
     assert_eq!(hash, hex::encode(egress_gateway::auth::token_sha256(token)));
     assert!(token.len() >= 40);
 }
+
+#[test]
+fn deployment_examples_are_well_formed_and_match_the_metrics() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/deploy");
+    let dashboard = std::fs::read_to_string(dir.join("grafana-dashboard.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    assert!(v["panels"].as_array().unwrap().len() >= 8);
+    // Every metric the dashboard queries is one the gateway exports.
+    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs")).unwrap();
+    for name in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("egress_")) {
+        let base = name.trim_end_matches("_bucket");
+        assert!(src.contains(&format!("\"{base}\"")), "dashboard queries unknown metric {name}");
+    }
+    let ecs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ecs-sidecar-container.json")).unwrap()).unwrap();
+    assert!(ecs["stopTimeout"].as_u64().unwrap() > 100, "stop timeout above drain delay + timeout");
+    // The gateway.toml embedded in the Kubernetes example is a valid config.
+    let k8s = std::fs::read_to_string(dir.join("kubernetes.yaml")).unwrap();
+    let start = k8s.find("gateway.toml: |\n").unwrap() + "gateway.toml: |\n".len();
+    let end = k8s[start..].find("\n---").unwrap() + start;
+    let embedded: String = k8s[start..end].lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+    let raw: Result<toml::Table, _> = toml::from_str(&embedded);
+    assert!(raw.is_ok(), "{embedded}");
+    let parsed = config::parse(&embedded, &config::DisplayPath("k8s".into()), Path::new("/"));
+    // Files it names do not exist here; everything else must validate.
+    if let Err(e) = parsed {
+        let msg = e.to_string();
+        assert!(msg.contains("admin.token_file"), "{msg}");
+    }
+    assert!(k8s.contains("terminationGracePeriodSeconds: 120"));
+}
