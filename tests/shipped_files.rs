@@ -106,7 +106,8 @@ fn deployment_examples_are_well_formed_and_match_the_metrics() {
     assert!(v["panels"].as_array().unwrap().len() >= 8);
     // Every metric the dashboard queries is one the gateway exports.
     let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs")).unwrap();
-    for name in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("egress_")) {
+    for name in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("egress_"))
+    {
         let base = name.trim_end_matches("_bucket");
         assert!(src.contains(&format!("\"{base}\"")), "dashboard queries unknown metric {name}");
     }
@@ -117,7 +118,8 @@ fn deployment_examples_are_well_formed_and_match_the_metrics() {
     let k8s = std::fs::read_to_string(dir.join("kubernetes.yaml")).unwrap();
     let start = k8s.find("gateway.toml: |\n").unwrap() + "gateway.toml: |\n".len();
     let end = k8s[start..].find("\n---").unwrap() + start;
-    let embedded: String = k8s[start..end].lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+    let embedded: String =
+        k8s[start..end].lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
     let raw: Result<toml::Table, _> = toml::from_str(&embedded);
     assert!(raw.is_ok(), "{embedded}");
     let parsed = config::parse(&embedded, &config::DisplayPath("k8s".into()), Path::new("/"));
