@@ -353,3 +353,25 @@ fn changed_policy_files_reload_by_themselves() {
     gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded");
     assert_eq!(deny_status(&gw, &origin), 200);
 }
+
+#[test]
+fn a_second_signal_stops_at_once() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG
+        .replace("[drain]\ndelay = \"0s\"\ntimeout = \"2s\"", "[drain]\ndelay = \"30s\"\ntimeout = \"60s\"");
+    let mut gw = TestGateway::start(&config, &standard_policy());
+    let mut download = raw::connect(gw.addr);
+    let req = format!(
+        "GET http://origin.test:{}/slow/600/100 HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    download.write_all(req.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    gw.signal("TERM");
+    gw.wait_for_log(Duration::from_secs(2), |v| v["msg"].as_str().is_some_and(|m| m.starts_with("draining")));
+    let second = Instant::now();
+    gw.signal("TERM");
+    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0));
+    assert!(second.elapsed() < Duration::from_secs(5), "exited {:?} after the second signal", second.elapsed());
+}
