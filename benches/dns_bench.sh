@@ -40,6 +40,7 @@ hostnames = ["gateway.sandbox.internal"]
 addresses = ["127.0.0.1", "::1"]
 # dnsperf is one source: the per-source limit would measure the limiter, not the server.
 rate_limit_qps = 0
+udp_sockets = ${UDP_SOCKETS:-0}
 TOML
 ./target/release/egress-gateway serve --config "$work/gateway.toml" --listen 127.0.0.1:0 2>"$work/gw.log" &
 pids+=($!)

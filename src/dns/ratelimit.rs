@@ -86,8 +86,15 @@ impl Sampler {
     /// `Some(suppressed_since_last)` when this event may be logged.
     pub fn sample(&self) -> Option<u64> {
         let now = self.start.elapsed().as_secs();
-        if self.second.swap(now, Ordering::Relaxed) != now {
+        // Read before writing: the shared counters are only written when the second
+        // changes or the budget is not spent yet, so busy threads do not fight over
+        // the cache line on every blocked query.
+        if self.second.load(Ordering::Relaxed) != now && self.second.swap(now, Ordering::Relaxed) != now {
             self.count.store(0, Ordering::Relaxed);
+        }
+        if self.count.load(Ordering::Relaxed) >= self.per_second {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
         if self.count.fetch_add(1, Ordering::Relaxed) < self.per_second {
             Some(self.suppressed.swap(0, Ordering::Relaxed))
