@@ -297,7 +297,7 @@ fn latency_sample() -> bool {
     N.with(|n| {
         let v = n.get().wrapping_add(1);
         n.set(v);
-        v % 16 == 0
+        v.is_multiple_of(16)
     })
 }
 

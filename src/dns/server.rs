@@ -131,7 +131,7 @@ fn serve_udp(socket: std::net::UdpSocket, handler: &Handler, shutdown: &Cancella
     loop {
         // Looking at the token takes a lock: do it when idle and every 1024 queries.
         served = served.wrapping_add(1);
-        if served % 1024 == 0 && shutdown.is_cancelled() {
+        if served.is_multiple_of(1024) && shutdown.is_cancelled() {
             return;
         }
         let (n, src) = match socket.recv_from(&mut buf) {
