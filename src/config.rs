@@ -12,8 +12,9 @@ pub use error::{ConfigError, DisplayPath};
 pub use keys::load_verifier;
 pub use policy_files::{load_policies, load_shadow};
 pub use validate::{
-    AdminConfig, BlockMode, Config, DnsConfig, DrainConfig, KeyAlg, KeySource, LogConfig, LogFormat, PolicyConfig,
-    PolicySource, ProxyConfig, ProxyProtocol, RateLimitAction, ResolverConfig, SecretSource, TokensConfig,
+    AdminConfig, BlockMode, Config, DnsConfig, DrainConfig, GithubConfig, KeyAlg, KeySource, LogConfig, LogFormat,
+    PolicyConfig, PolicySource, ProxyConfig, ProxyProtocol, RateLimitAction, ResolverConfig, SecretSource,
+    TokensConfig,
 };
 
 /// Reads and validates a gateway config file. Relative paths in it are relative to the

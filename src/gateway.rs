@@ -19,8 +19,24 @@ use crate::proxy::{self, Shared, upstream::VettingConnector};
 use crate::reload::Store;
 use crate::resolve::Resolver;
 
+fn git_route(config: &Config, resolver: &Arc<Resolver>) -> Result<crate::git::upstream::GitRoute, GatewayError> {
+    let gh = &config.github;
+    let tls = crate::upstream_tls::client_config(gh.ca_file.as_deref())
+        .map_err(|e| GatewayError::Github(format!("github.ca_file: {e}")))?;
+    let connector = crate::upstream_tls::HttpsConnector::new(resolver.clone(), tls);
+    let credentials = crate::git::credentials::Credentials::new(gh, connector.clone()).map_err(GatewayError::Github)?;
+    let client = Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .set_host(true)
+        .build(connector);
+    Ok(crate::git::upstream::GitRoute { client, credentials })
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
+    #[error("github: {0}")]
+    Github(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot bind {what} listener {addr}: {source}")]
@@ -83,6 +99,7 @@ impl Gateway {
             Some((cert, key)) => Some(crate::proxy::tls::TlsState::load(cert, key, &config.file)?),
             None => None,
         };
+        let git = git_route(&config, &resolver)?;
         let limits = crate::proxy::limits::SandboxLimits::new(
             config.proxy.sandbox_max_concurrent,
             config.proxy.sandbox_max_per_second,
@@ -98,6 +115,7 @@ impl Gateway {
             tunnels: Default::default(),
             limits,
             tls,
+            git,
         });
         Ok(Gateway { shared, proxy, admin, dns })
     }

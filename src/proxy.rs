@@ -4,6 +4,7 @@
 pub mod connect;
 pub mod forward;
 pub mod limits;
+pub mod logged_body;
 pub mod proxy_protocol;
 pub mod registry;
 pub mod respond;
@@ -52,6 +53,8 @@ pub struct Shared {
     pub limits: limits::SandboxLimits,
     /// Set when the proxy port speaks TLS.
     pub tls: Option<tls::TlsState>,
+    /// The git route's upstream client and GitHub credentials.
+    pub git: crate::git::upstream::GitRoute,
 }
 
 impl Shared {
@@ -86,10 +89,23 @@ pub struct ConnInfo {
 /// Entry point for every request on the proxy port.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared>) -> Response<ProxyBody> {
     let state = shared.store.snapshot();
+    let gh_host = &shared.config.github.web_host;
     if req.method() == Method::CONNECT {
         connect::handle(req, conn, shared, state).await
+    } else if req.uri().scheme_str() == Some("http")
+        && req.uri().host().is_some_and(|h| h.eq_ignore_ascii_case(gh_host))
+    {
+        crate::git::upstream::handle(req, conn, shared, state, crate::git::upstream::Entry::Absolute).await
     } else if req.uri().scheme().is_some() {
         forward::handle(req, conn, shared, state).await
+    } else if req
+        .uri()
+        .path()
+        .strip_prefix('/')
+        .and_then(|p| p.strip_prefix(gh_host.as_str()))
+        .is_some_and(|r| r.starts_with('/'))
+    {
+        crate::git::upstream::handle(req, conn, shared, state, crate::git::upstream::Entry::Origin).await
     } else {
         let mut rec = AccessRecord::with_vpce(
             Kind::Forward,

@@ -20,8 +20,43 @@ pub struct RawConfig {
     pub admin: RawAdmin,
     pub drain: RawDrain,
     pub tokens: RawTokens,
+    pub github: RawGithub,
     /// Absent: no DNS server.
     pub dns: Option<RawDns>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawGithub {
+    pub web_url: String,
+    pub api_url: String,
+    /// Extra CA certificates (PEM) trusted for GitHub, besides the platform's.
+    pub ca_file: String,
+    /// GitHub App id; 0: no App.
+    pub app_id: u64,
+    pub private_key_file: String,
+    /// owner -> file holding a static token for that owner's repositories.
+    pub token_files: BTreeMap<String, String>,
+    #[serde(with = "humantime_serde")]
+    pub refresh_before: Duration,
+    /// A git request or response body with no bytes for this long is aborted.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for RawGithub {
+    fn default() -> Self {
+        RawGithub {
+            web_url: "https://github.com".to_string(),
+            api_url: "https://api.github.com".to_string(),
+            ca_file: String::new(),
+            app_id: 0,
+            private_key_file: String::new(),
+            token_files: BTreeMap::new(),
+            refresh_before: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(120),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -26,6 +26,22 @@ pub struct Config {
     pub admin: AdminConfig,
     pub drain: DrainConfig,
     pub tokens: TokensConfig,
+    pub github: GithubConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct GithubConfig {
+    /// `https://github.com` (or a GitHub Enterprise URL), without a trailing slash.
+    pub web_url: http::Uri,
+    /// The web host as the git route matches it (`github.com`).
+    pub web_host: String,
+    pub api_url: http::Uri,
+    pub ca_file: Option<PathBuf>,
+    pub app: Option<(u64, PathBuf)>,
+    /// Lowercase owner -> static token file.
+    pub token_files: HashMap<String, PathBuf>,
+    pub refresh_before: Duration,
+    pub idle_timeout: Duration,
 }
 
 /// Where signed-token keys come from; read at start-up and on every reload.
@@ -341,7 +357,8 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
 
     let drain = DrainConfig { delay: raw.drain.delay, timeout: raw.drain.timeout };
     let tokens = validate_tokens(raw.tokens, file, base_dir)?;
-    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain, tokens })
+    let github = validate_github(raw.github, file, base_dir)?;
+    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain, tokens, github })
 }
 
 fn validate_admin(a: super::raw::RawAdmin, file: &DisplayPath, base_dir: &Path) -> Result<AdminConfig, ConfigError> {
@@ -508,4 +525,51 @@ fn validate_tokens(t: super::raw::RawTokens, file: &DisplayPath, base_dir: &Path
         });
     }
     Ok(TokensConfig { max_ttl: t.max_ttl, leeway: t.leeway, revocation_file: path(&t.revocation_file), keys })
+}
+
+fn validate_github(g: super::raw::RawGithub, file: &DisplayPath, base_dir: &Path) -> Result<GithubConfig, ConfigError> {
+    let url = |key: &str, v: &str| -> Result<http::Uri, ConfigError> {
+        let u: http::Uri = v
+            .trim_end_matches('/')
+            .parse()
+            .map_err(|_| ConfigError::invalid(file, key, format!("expected an http(s) URL, got {v:?}")))?;
+        match (u.scheme_str(), u.host()) {
+            (Some("https" | "http"), Some(_)) if u.path() == "/" || u.path().is_empty() => Ok(u),
+            _ => {
+                Err(ConfigError::invalid(file, key, format!("expected https://HOST[:PORT] without a path, got {v:?}")))
+            }
+        }
+    };
+    let web_url = url("github.web_url", &g.web_url)?;
+    let api_url = url("github.api_url", &g.api_url)?;
+    let web_host = web_url
+        .host()
+        .and_then(|h| addr::normalize_hostname(h).ok())
+        .ok_or_else(|| ConfigError::invalid(file, "github.web_url", "expected a hostname"))?;
+    let path = |p: &str| (!p.is_empty()).then(|| clean_path(&base_dir.join(p)));
+    let app = match (g.app_id, path(&g.private_key_file)) {
+        (0, None) => None,
+        (id, Some(key)) if id > 0 => Some((id, key)),
+        (0, Some(_)) => {
+            return Err(ConfigError::invalid(file, "github.app_id", "expected the App id with private_key_file"));
+        }
+        _ => return Err(ConfigError::invalid(file, "github.private_key_file", "expected the App's private key (PEM)")),
+    };
+    let mut token_files = HashMap::new();
+    for (owner, f) in g.token_files {
+        let p = path(&f)
+            .ok_or_else(|| ConfigError::invalid(file, format!("github.token_files.{owner}"), "expected a file"))?;
+        token_files.insert(owner.to_ascii_lowercase(), p);
+    }
+    positive(file, "github.idle_timeout", g.idle_timeout)?;
+    Ok(GithubConfig {
+        web_url,
+        web_host,
+        api_url,
+        ca_file: path(&g.ca_file),
+        app,
+        token_files,
+        refresh_before: g.refresh_before,
+        idle_timeout: g.idle_timeout,
+    })
 }

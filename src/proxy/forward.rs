@@ -17,9 +17,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::{
-    BoxError, ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject, tunnel, upstream,
-};
+use super::{ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject, tunnel, upstream};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::policy::DenyReason;
@@ -133,7 +131,7 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    let body = LoggedBody { inner: body, bytes: 0, bytes_up, rec: Some(rec), _permit: permit };
+    let body = super::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -231,54 +229,6 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-/// A response body that counts bytes and writes the access record when it is dropped
-/// (finished or abandoned by the client), so the record carries the real totals.
-struct LoggedBody {
-    inner: Incoming,
-    bytes: u64,
-    bytes_up: Arc<AtomicU64>,
-    rec: Option<AccessRecord>,
-    /// The sandbox's concurrency slot, held until the response body is done.
-    _permit: super::limits::Permit,
-}
-
-impl Body for LoggedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.bytes += data.len() as u64;
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for LoggedBody {
-    fn drop(&mut self) {
-        if let Some(mut rec) = self.rec.take() {
-            rec.bytes_down = self.bytes;
-            rec.bytes_up = self.bytes_up.load(Ordering::Relaxed);
-            rec.emit();
-        }
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod dns;
 pub mod gateway;
+pub mod github_api;
 pub mod origin;
 pub mod raw;
 pub mod tls;

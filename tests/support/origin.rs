@@ -41,6 +41,8 @@ pub struct TestOrigin {
 struct Ctx {
     requests: Arc<Mutex<Vec<Recorded>>>,
     git_root: Option<PathBuf>,
+    /// Every path is a repository path (`/OWNER/REPO.git/...`), as on GitHub.
+    github_layout: bool,
 }
 
 impl TestOrigin {
@@ -57,11 +59,24 @@ impl TestOrigin {
         Self::start(None, Some(root))
     }
 
+    /// Like [`git`], over TLS, with the repositories at `/OWNER/REPO.git` (GitHub's layout).
+    pub fn git_https(ca: &TestCa, root: PathBuf) -> TestOrigin {
+        Self::start_with(Some(ca.server_config.clone()), Some(root), true)
+    }
+
     fn start(tls: Option<Arc<rustls::ServerConfig>>, git_root: Option<PathBuf>) -> TestOrigin {
+        Self::start_with(tls, git_root, false)
+    }
+
+    fn start_with(
+        tls: Option<Arc<rustls::ServerConfig>>,
+        git_root: Option<PathBuf>,
+        github_layout: bool,
+    ) -> TestOrigin {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind origin");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
-        let ctx = Ctx { requests: Arc::default(), git_root };
+        let ctx = Ctx { requests: Arc::default(), git_root, github_layout };
         let requests = ctx.requests.clone();
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -162,6 +177,11 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
             .header("connection", "Upgrade")
             .body(full(""))
             .expect("response");
+    }
+    if ctx.github_layout
+        && let Some(root) = ctx.git_root.clone()
+    {
+        return cgi_git(req, path.trim_start_matches('/').to_string(), root).await;
     }
     if let Some(rest) = path.strip_prefix("/git/")
         && let Some(root) = ctx.git_root.clone()

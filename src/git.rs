@@ -1,0 +1,8 @@
+//! The git route: sandboxes clone, fetch and (where allowed) push connected GitHub
+//! repositories through port 4002 while the gateway injects a short-lived,
+//! repository-scoped credential upstream. The sandbox never holds a GitHub token.
+
+pub mod credentials;
+pub mod pktline;
+pub mod route;
+pub mod upstream;

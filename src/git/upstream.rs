@@ -1,0 +1,396 @@
+//! The git route's request path: identify, parse the smart-HTTP path, decide the
+//! repository (and, for a push, every ref in the command list, read ahead of the
+//! pack), obtain a repository-scoped token, and stream the request to GitHub with the
+//! token injected and the sandbox's own credentials removed. Nothing is buffered but
+//! the push command list; bodies stream both ways with an idle timeout.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::credentials::{Permission, is_credential_refusal};
+use super::pktline::{self, PktError};
+use super::route::{self, Op, RouteError};
+use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::auth::{self, AuthError};
+use crate::policy::DenyReason;
+use crate::proxy::respond::{self, Denial};
+use crate::proxy::{BoxError, ConnInfo, ProxyBody, Shared, upstream::UpstreamAddr};
+use crate::reload::State;
+
+/// How the request reached the route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `http://gateway:4002/github.com/OWNER/REPO...`: credentials in `Authorization`
+    /// (after a 401 challenge), or `Proxy-Authorization`.
+    Origin,
+    /// `GET http://github.com/OWNER/REPO...` through the proxy: `Proxy-Authorization`.
+    Absolute,
+}
+
+/// Longest push command list read ahead of the pack.
+const MAX_COMMANDS_BYTES: usize = 256 * 1024;
+
+pub type GitClient = hyper_util::client::legacy::Client<crate::upstream_tls::HttpsConnector, ProxyBody>;
+
+/// The route's upstream machinery, built at start-up.
+pub struct GitRoute {
+    pub client: GitClient,
+    pub credentials: super::credentials::Credentials,
+}
+
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Arc<Shared>,
+    state: Arc<State>,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    let gh = &shared.config.github;
+    let method = req.method().as_str().to_string();
+    let mut rec = AccessRecord::with_vpce(
+        Kind::Git,
+        &method,
+        raw_target(&req.uri().to_string()),
+        conn.peer,
+        state.generation,
+        conn.vpce.clone(),
+    );
+    let path = req.uri().path();
+    let path = match entry {
+        Entry::Origin => path.strip_prefix(&format!("/{}", gh.web_host)).unwrap_or(path),
+        Entry::Absolute => path,
+    };
+    let git = match route::parse(&method, path, req.uri().query()) {
+        Ok(g) => g,
+        Err(e) => {
+            let status = if e == RouteError::Unsupported { StatusCode::FORBIDDEN } else { StatusCode::BAD_REQUEST };
+            return finish(&mut rec, DenyReason::BadRequest, Some(status), &e.to_string(), entry);
+        }
+    };
+    rec.target = format!("{}/{}", gh.web_host, git.full_name());
+
+    let identity = match identify(&state, &req, conn, entry) {
+        Ok(i) => i,
+        Err(e) => return finish(&mut rec, e.reason(), None, crate::proxy::AUTH_HINT, entry),
+    };
+    rec.sandbox = Some(identity.sandbox.clone());
+    rec.policy = Some(identity.policy.name().to_string());
+    let write = git.service.is_write();
+    let decision = identity.policy.decide_git(&git.full_name(), write, identity.repos.as_deref());
+    rec.rule = decision.rule().map(|r| r.text.clone());
+    if let Some(reason) = decision.reason()
+        && !decision.permits()
+    {
+        let subject = crate::dryrun::Subject::Git { repo: git.full_name(), push: None };
+        let hint = crate::dryrun::hint(&identity.policy, reason, &subject, &decision).unwrap_or_default();
+        return finish(&mut rec, reason, None, &hint, entry);
+    }
+    rec.decision = decision.label();
+
+    let permit = match shared.limits.acquire(&identity.sandbox) {
+        Ok(p) => p,
+        Err(e) => return finish(&mut rec, DenyReason::LimitExceeded, None, &e.to_string(), entry),
+    };
+
+    let (parts, body) = req.into_parts();
+    let idle = gh.idle_timeout;
+    let bytes_up = Arc::new(AtomicU64::new(0));
+    let body: ProxyBody = if git.service.is_write() && git.op == Op::Rpc {
+        if parts.headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
+            return finish(&mut rec, DenyReason::BadRequest, None, "compressed push bodies are not supported", entry);
+        }
+        let (head, rest) = match read_commands(body, idle).await {
+            Ok(x) => x,
+            Err(msg) => return finish(&mut rec, DenyReason::BadRequest, None, &msg, entry),
+        };
+        let (updates, _) = match pktline::parse_commands(&head) {
+            Ok(x) => x,
+            Err(e) => return finish(&mut rec, DenyReason::BadRequest, None, &format!("push command list: {e}"), entry),
+        };
+        for u in &updates {
+            let d = identity.policy.decide_ref(&u.refname, u.is_delete());
+            if !d.permits() {
+                rec.rule = Some(u.refname.clone());
+                let hint = if u.is_delete() && !identity.policy.allows_ref_deletion() {
+                    format!("deleting {} is not allowed (git.allow_delete)", u.refname)
+                } else {
+                    format!(
+                        "pushing to {} is not allowed; add it to policies.{}.git.push",
+                        u.refname,
+                        identity.policy.name()
+                    )
+                };
+                return finish(&mut rec, DenyReason::GitRefDenied, None, &hint, entry);
+            }
+        }
+        let counted = Counting { inner: Prefixed { head: Some(head), rest }, count: bytes_up.clone() };
+        IdleBody::new(counted, idle).boxed_unsync()
+    } else {
+        IdleBody::new(Counting { inner: body, count: bytes_up.clone() }, idle).boxed_unsync()
+    };
+
+    let route = &shared.git;
+    let perm = if write { Permission::Write } else { Permission::Read };
+    let token = match route.credentials.token(&git.owner, &git.repo, perm).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %super::credentials::redact(&e.to_string()), "no GitHub credential for a git request");
+            return finish(
+                &mut rec,
+                DenyReason::UpstreamUnreachable,
+                Some(StatusCode::BAD_GATEWAY),
+                "the gateway could not obtain a GitHub credential for this repository",
+                entry,
+            );
+        }
+    };
+
+    let uri = format!("{}{}", gh.web_url.to_string().trim_end_matches('/'), git.upstream_path());
+    let mut up = Request::builder().method(parts.method.clone()).uri(uri);
+    if let Some(h) = up.headers_mut() {
+        copy_git_headers(&parts.headers, h);
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{}", token.expose()));
+        if let Ok(v) = HeaderValue::from_str(&format!("Basic {basic}")) {
+            let mut v = v;
+            v.set_sensitive(true);
+            h.insert(header::AUTHORIZATION, v);
+        }
+    }
+    let Ok(up) = up.body(body) else {
+        return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
+    };
+    let timeout = shared.config.proxy.response_header_timeout;
+    let resp = match tokio::time::timeout(timeout, route.client.request(up)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            let (reason, detail) = match crate::proxy::upstream::dial_error(&e) {
+                Some(d) => (d.reason(), d.to_string()),
+                None => (DenyReason::UpstreamUnreachable, "GitHub could not be reached".to_string()),
+            };
+            return finish(&mut rec, reason, None, &detail, entry);
+        }
+        Err(_) => return finish(&mut rec, DenyReason::UpstreamTimeout, None, "GitHub did not answer in time", entry),
+    };
+    rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    if is_credential_refusal(resp.status()) {
+        let detail = format!("GitHub refused the gateway's credential ({})", resp.status());
+        return finish(&mut rec, DenyReason::UpstreamUnreachable, Some(StatusCode::BAD_GATEWAY), &detail, entry);
+    }
+    rec.status = resp.status().as_u16();
+    let (mut parts, body) = resp.into_parts();
+    for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE, header::CONNECTION, header::TRANSFER_ENCODING] {
+        parts.headers.remove(h);
+    }
+    parts.headers.remove("keep-alive");
+    let body = crate::proxy::logged_body::LoggedBody::new(IdleBody::new(body, idle), bytes_up, rec, permit);
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Authenticates: `Proxy-Authorization` always; on the origin-form entry also
+/// `Authorization` (what git sends after a 401 challenge).
+fn identify(
+    state: &State,
+    req: &Request<Incoming>,
+    conn: &ConnInfo,
+    entry: Entry,
+) -> Result<auth::Identity, AuthError> {
+    let h = req.headers();
+    let value = h
+        .get(header::PROXY_AUTHORIZATION)
+        .or_else(|| if entry == Entry::Origin { h.get(header::AUTHORIZATION) } else { None })
+        .map(|v| v.as_bytes());
+    let identity = auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())?;
+    if !identity.vpce.is_empty() && !conn.vpce.as_ref().is_some_and(|v| identity.vpce.contains(v)) {
+        return Err(AuthError::WrongNetwork);
+    }
+    Ok(identity)
+}
+
+/// Headers a git client needs upstream; everything else (credentials, cookies,
+/// hop-by-hop) stays behind.
+fn copy_git_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for name in [
+        "content-type",
+        "content-encoding",
+        "accept",
+        "accept-encoding",
+        "git-protocol",
+        "user-agent",
+        "accept-language",
+    ] {
+        for v in from.get_all(name) {
+            to.append(name, v.clone());
+        }
+    }
+}
+
+/// Records and answers a git-route refusal. Auth failures on the origin-form entry
+/// get `401` + `WWW-Authenticate`, so git asks for (or sends) credentials.
+fn finish(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    status: Option<StatusCode>,
+    hint: &str,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    let mut resp = respond::deny(
+        reason,
+        &Denial {
+            target: Some(&rec.target),
+            sandbox: rec.sandbox.as_deref(),
+            policy: rec.policy.as_deref(),
+            rule: rec.rule.as_deref(),
+            hint: Some(hint.to_string()),
+        },
+    );
+    if let Some(s) = status {
+        *resp.status_mut() = s;
+    }
+    if entry == Entry::Origin && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        *resp.status_mut() = StatusCode::UNAUTHORIZED;
+        resp.headers_mut().remove(header::PROXY_AUTHENTICATE);
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
+    }
+    rec.decision = "deny";
+    rec.reason = Some(reason.code());
+    rec.status = resp.status().as_u16();
+    rec.emit();
+    resp
+}
+
+/// Reads the push command list (through its flush packet) off the front of `body`,
+/// bounded; returns it and the rest of the body, unread.
+async fn read_commands(mut body: Incoming, idle: Duration) -> Result<(Bytes, Incoming), String> {
+    let mut head = BytesMut::new();
+    loop {
+        match pktline::parse_commands(&head) {
+            Ok((_, end)) => {
+                // Keep the bytes after the command list with the head: they are sent first.
+                let _ = end;
+                return Ok((head.freeze(), body));
+            }
+            Err(PktError::Incomplete) => {}
+            Err(e) => return Err(format!("push command list: {e}")),
+        }
+        if head.len() > MAX_COMMANDS_BYTES {
+            return Err("push command list too long".into());
+        }
+        match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    head.extend_from_slice(&data);
+                }
+            }
+            Ok(Some(Err(e))) => return Err(format!("push body: {e}")),
+            Ok(None) => return Err("push body ended inside the command list".into()),
+            Err(_) => return Err("push body stalled".into()),
+        }
+    }
+}
+
+/// `head`, then the rest of the body.
+struct Prefixed {
+    head: Option<Bytes>,
+    rest: Incoming,
+}
+
+impl Body for Prefixed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(h) = self.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(h))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+}
+
+/// Counts data bytes into a shared counter.
+struct Counting<B> {
+    inner: B,
+    count: Arc<AtomicU64>,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Counting<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &r
+            && let Some(d) = f.data_ref()
+        {
+            self.count.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Fails a body that yields nothing for `idle` (an idle timeout, not a total one: a
+/// large pack may take as long as it needs while bytes flow).
+pub struct IdleBody<B> {
+    inner: B,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> IdleBody<B> {
+    pub fn new(inner: B, idle: Duration) -> Self {
+        IdleBody { inner, idle, timer: Box::pin(tokio::time::sleep(idle)) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("body idle for too long")]
+pub struct IdleTimeout;
+
+impl<B> Body for IdleBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(r) => {
+                let deadline = tokio::time::Instant::now() + self.idle;
+                self.timer.as_mut().reset(deadline);
+                Poll::Ready(r.map(|x| x.map_err(Into::into)))
+            }
+            Poll::Pending => match self.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout)))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

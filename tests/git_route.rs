@@ -1,0 +1,399 @@
+//! The git route end to end: the real git client, the gateway, a local HTTPS "GitHub"
+//! running `git http-backend` over bare repositories (test CA), and a fake GitHub API
+//! that verifies the App's JWT and issues expiring installation tokens.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use support::github_api::FakeGithubApi;
+use support::raw::{self, status};
+use support::tls::TestCa;
+use support::{TOKEN_A, TOKEN_B, TestGateway, TestOrigin, sha256_hex};
+
+fn git(dir: &Path, args: &[&str]) -> Output {
+    Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.test",
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "protocol.file.allow=always",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("HTTPS_PROXY")
+        .output()
+        .expect("run git")
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "git failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Bare repositories `acme/widgets.git` and `other/secret.git` under a fresh root.
+fn repos() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    for (owner, name) in [("acme", "widgets"), ("other", "secret")] {
+        std::fs::create_dir_all(root.path().join(owner)).unwrap();
+        let bare = root.path().join(owner).join(format!("{name}.git"));
+        ok(git(root.path(), &["init", "--bare", bare.to_str().unwrap()]));
+        ok(git(&bare, &["config", "http.receivepack", "true"]));
+        let work = root.path().join(format!("seed-{name}"));
+        std::fs::create_dir(&work).unwrap();
+        ok(git(&work, &["init"]));
+        std::fs::write(work.join("README"), format!("{name}\n")).unwrap();
+        ok(git(&work, &["add", "README"]));
+        ok(git(&work, &["commit", "-m", "seed"]));
+        ok(git(&work, &["push", bare.to_str().unwrap(), "HEAD:refs/heads/main"]));
+        ok(git(&work, &["push", bare.to_str().unwrap(), "HEAD:refs/heads/agent/old"]));
+        ok(git(&bare, &["symbolic-ref", "HEAD", "refs/heads/main"]));
+    }
+    root
+}
+
+struct World {
+    gw: TestGateway,
+    github: TestOrigin,
+    api: FakeGithubApi,
+    _repos: tempfile::TempDir,
+    _ca: TestCa,
+    _keys: tempfile::TempDir,
+}
+
+const POLICY: &str = r#"
+[policies.agents]
+git = { repos = ["acme/widgets", "acme/tools-*"], push = ["refs/heads/agent/*"] }
+
+[policies.plain]
+allow = ["example.org"]
+
+[[sandboxes]]
+id = "sbx-a"
+token_sha256 = "@A@"
+policy = "agents"
+
+[[sandboxes]]
+id = "sbx-b"
+token_sha256 = "@B@"
+policy = "plain"
+"#;
+
+fn world(token_ttl_secs: u64, refresh_before: &str) -> World {
+    world_with(token_ttl_secs, refresh_before, None)
+}
+
+/// With `static_token`, the App is replaced by a static token file for owner acme.
+fn world_with(token_ttl_secs: u64, refresh_before: &str, static_token: Option<&str>) -> World {
+    let ca = TestCa::new(&["github.test", "api.github.test"]);
+    let repos = repos();
+    let github = TestOrigin::git_https(&ca, repos.path().to_path_buf());
+    let api = FakeGithubApi::start(&ca, token_ttl_secs);
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("app.pem");
+    std::fs::write(&key_file, &api.private_key_pem).unwrap();
+    let credentials = match static_token {
+        None => format!("app_id = 1234\nprivate_key_file = \"{}\"\n", key_file.display()),
+        Some(t) => {
+            let f = keys.path().join("acme.token");
+            std::fs::write(&f, format!("{t}\n")).unwrap();
+            format!("[github.token_files]\nacme = \"{}\"\n", f.display())
+        }
+    };
+    let config = format!(
+        r#"
+[resolver]
+nameservers = ["127.0.0.1:9"]
+hosts_file = false
+[resolver.hosts]
+"github.test" = ["127.0.0.1"]
+"api.github.test" = ["127.0.0.1"]
+
+[egress]
+allow = ["127.0.0.1/32"]
+
+[github]
+web_url = "https://github.test:{web}"
+api_url = "https://api.github.test:{api}"
+ca_file = "{ca}"
+refresh_before = "{refresh_before}"
+{credentials}
+"#,
+        web = github.port(),
+        api = api.addr.port(),
+        ca = ca.ca_pem_path.display(),
+    );
+    let policy = POLICY.replace("@A@", &sha256_hex(TOKEN_A)).replace("@B@", &sha256_hex(TOKEN_B));
+    let gw = TestGateway::start(&config, &policy);
+    World { gw, github, api, _repos: repos, _ca: ca, _keys: keys }
+}
+
+impl World {
+    /// git config that sends https://github.test/ through the gateway's origin-form route.
+    fn insteadof(&self, user: &str, token: &str) -> [String; 2] {
+        ["-c".into(), format!("url.http://{user}:{token}@{}/github.test/.insteadOf=https://github.test/", self.gw.addr)]
+    }
+
+    fn git_via(&self, dir: &Path, user: &str, token: &str, args: &[&str]) -> Output {
+        let cfg = self.insteadof(user, token);
+        let mut all: Vec<&str> = cfg.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        git(dir, &all)
+    }
+
+    fn repo_path(&self, owner: &str, name: &str) -> PathBuf {
+        self._repos.path().join(owner).join(format!("{name}.git"))
+    }
+}
+
+#[test]
+fn clone_and_fetch_with_an_injected_token() {
+    let w = world(3600, "5m");
+    let work = tempfile::tempdir().unwrap();
+    for v in ["0", "2"] {
+        let dest = format!("v{v}");
+        ok(w.git_via(
+            work.path(),
+            "sbx-a",
+            TOKEN_A,
+            &["-c", &format!("protocol.version={v}"), "clone", "https://github.test/acme/widgets.git", &dest],
+        ));
+        assert_eq!(std::fs::read_to_string(work.path().join(&dest).join("README")).unwrap(), "widgets\n");
+    }
+    ok(w.git_via(&work.path().join("v2"), "sbx-a", TOKEN_A, &["fetch", "origin"]));
+
+    let recorded = w.github.recorded();
+    assert!(!recorded.is_empty());
+    for r in &recorded {
+        let auth = r.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone()).unwrap_or_default();
+        assert!(auth.starts_with("Basic "), "the gateway's credential arrives: {r:?}");
+        let decoded = base64_decode(auth.trim_start_matches("Basic "));
+        assert!(decoded.starts_with("x-access-token:ghs_testtoken"), "{decoded}");
+        let all = format!("{:?}", r.headers);
+        assert!(!all.contains(TOKEN_A) && !all.contains("sbx-a"), "no sandbox credential upstream: {all}");
+        assert!(!r.headers.iter().any(|(k, _)| k == "proxy-authorization" || k == "cookie"));
+    }
+    assert!(recorded.iter().any(|r| r.headers.iter().any(|(k, v)| k == "git-protocol" && v == "version=2")));
+    assert_eq!(w.api.mint_count(), 1, "one read token for all of it");
+    let req = &w.api.requests.lock().unwrap()[0];
+    assert_eq!(req["repositories"], serde_json::json!(["widgets"]));
+    assert_eq!(req["permissions"]["contents"], "read");
+    let rec =
+        w.gw.wait_for_log(Duration::from_secs(5), |v| v["log"] == "access" && v["kind"] == "git" && v["status"] == 200);
+    assert_eq!(rec["target"], "github.test/acme/widgets");
+    assert_eq!(rec["sandbox"], "sbx-a");
+    let log = w.gw.log_text();
+    assert!(!log.contains("ghs_testtoken") && !log.contains(TOKEN_A), "no token in logs");
+}
+
+fn base64_decode(s: &str) -> String {
+    use base64::Engine;
+    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()).unwrap_or_default()
+}
+
+#[test]
+fn absolute_form_through_the_proxy() {
+    let w = world(3600, "5m");
+    let work = tempfile::tempdir().unwrap();
+    let proxy = w.gw.proxy_url("sbx-a", TOKEN_A);
+    ok(git(work.path(), &["-c", &format!("http.proxy={proxy}"), "clone", "http://github.test/acme/widgets.git", "w"]));
+    assert!(work.path().join("w/README").exists());
+    let out =
+        git(work.path(), &["-c", &format!("http.proxy={proxy}"), "clone", "http://github.test/other/secret.git", "s"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+}
+
+#[test]
+fn unconnected_repositories_and_other_sandboxes_are_refused() {
+    let w = world(3600, "5m");
+    let work = tempfile::tempdir().unwrap();
+    let out = w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/other/secret.git"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+    let rec =
+        w.gw.wait_for_log(Duration::from_secs(5), |v| v["log"] == "access" && v["reason"] == "repo_not_connected");
+    assert_eq!(rec["target"], "github.test/other/secret");
+    let out = w.git_via(work.path(), "sbx-b", TOKEN_B, &["clone", "https://github.test/acme/widgets.git", "b"]);
+    assert!(!out.status.success(), "policy plain connects no repository");
+    let out = w.git_via(work.path(), "sbx-a", "wrong-token", &["clone", "https://github.test/acme/widgets.git", "c"]);
+    assert!(!out.status.success());
+    assert!(w.github.recorded().is_empty(), "nothing refused reached GitHub");
+    assert_eq!(w.api.mint_count(), 0);
+}
+
+#[test]
+fn pushes_are_limited_to_allowed_refs() {
+    let w = world(3600, "5m");
+    let work = tempfile::tempdir().unwrap();
+    ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "w"]));
+    let clone = work.path().join("w");
+    std::fs::write(clone.join("NEW"), "change\n").unwrap();
+    ok(git(&clone, &["add", "NEW"]));
+    ok(git(&clone, &["commit", "-m", "change"]));
+
+    ok(w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", "HEAD:refs/heads/agent/fix-1"]));
+    let refs = ok(git(&w.repo_path("acme", "widgets"), &["for-each-ref", "--format=%(refname)"]));
+    assert!(refs.contains("refs/heads/agent/fix-1"), "{refs}");
+    assert!(w.api.requests.lock().unwrap().iter().any(|r| r["permissions"]["contents"] == "write"));
+
+    let out = w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", "HEAD:refs/heads/main"]);
+    assert!(!out.status.success(), "main is not an agent ref");
+    let out2 =
+        w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", "HEAD:refs/heads/agent/ok", "HEAD:refs/heads/main"]);
+    assert!(!out2.status.success(), "one bad ref refuses the whole push");
+    let out3 = w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", ":refs/heads/agent/old"]);
+    assert!(!out3.status.success(), "deletions need allow_delete");
+    let refs = ok(git(&w.repo_path("acme", "widgets"), &["for-each-ref", "--format=%(refname)"]));
+    assert!(!refs.contains("refs/heads/agent/ok") && refs.contains("refs/heads/agent/old"), "{refs}");
+    let denials: Vec<_> = w.gw.access_logs().into_iter().filter(|v| v["reason"] == "git_ref_denied").collect();
+    assert!(denials.len() >= 3, "{denials:?}");
+}
+
+#[test]
+fn path_tricks_and_unsupported_paths() {
+    let w = world(3600, "5m");
+    let auth = support::basic("sbx-a", TOKEN_A);
+    let cases = [
+        ("GET /github.test/acme/../other/secret.git/info/refs?service=git-upload-pack HTTP/1.1", 400),
+        ("GET /github.test/acme/widgets.git/info/refs?service=git-upload-pack&x=1 HTTP/1.1", 400),
+        ("GET /github.test/acme/wid%67ets.git/info/refs?service=git-upload-pack HTTP/1.1", 400),
+        ("GET /github.test/acme//widgets.git/info/refs?service=git-upload-pack HTTP/1.1", 400),
+        ("GET /github.test/acme/widgets.git/HEAD HTTP/1.1", 403),
+        ("POST /github.test/acme/widgets.git/info/lfs/objects/batch HTTP/1.1", 403),
+        ("GET /github.test/acme/widgets.git/git-upload-pack HTTP/1.1", 400),
+    ];
+    for (line, code) in cases {
+        let resp = raw::request(
+            w.gw.addr,
+            format!("{line}\r\nHost: gw\r\nAuthorization: {auth}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+        );
+        assert_eq!(status(&resp), code, "{line}: {resp}");
+        assert!(resp.contains("x-egress-deny-reason: bad_request"), "{line}: {resp}");
+    }
+    // No credentials: a 401 challenge git understands.
+    let resp = raw::request(
+        w.gw.addr,
+        b"GET /github.test/acme/widgets.git/info/refs?service=git-upload-pack HTTP/1.1\r\nHost: gw\r\n\r\n",
+    );
+    assert_eq!(status(&resp), 401, "{resp}");
+    assert!(resp.to_ascii_lowercase().contains("www-authenticate: basic realm=\"egress-gateway\""), "{resp}");
+    assert!(w.github.recorded().is_empty());
+}
+
+#[test]
+fn many_clones_one_mint_and_refresh_after_expiry() {
+    // Tokens live 3 s and are refreshed 1 s before expiry.
+    let w = world(3, "1s");
+    let work = tempfile::tempdir().unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let cfg = w.insteadof("sbx-a", TOKEN_A);
+            let dir = work.path().to_path_buf();
+            std::thread::spawn(move || {
+                let mut args: Vec<String> = cfg.to_vec();
+                args.extend(["clone".into(), "https://github.test/acme/widgets.git".into(), format!("c{i}")]);
+                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                git(&dir, &refs).status.success()
+            })
+        })
+        .collect();
+    assert!(threads.into_iter().all(|t| t.join().unwrap()), "all clones succeed");
+    assert_eq!(w.api.mint_count(), 1, "concurrent clones share one mint");
+    std::thread::sleep(Duration::from_millis(2500));
+    ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "later"]));
+    assert_eq!(w.api.mint_count(), 2, "a token near expiry is replaced");
+}
+
+#[test]
+fn large_blobs_stream_without_growing_the_gateway() {
+    let w = world(3600, "5m");
+    // 50 MB of incompressible data in one blob.
+    let seed = w._repos.path().join("seed-widgets");
+    let mut data = vec![0u8; 50 * 1024 * 1024];
+    let mut x: u64 = 0x9E3779B97F4A7C15;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(seed.join("big.bin"), &data).unwrap();
+    drop(data);
+    ok(git(&seed, &["add", "big.bin"]));
+    ok(git(&seed, &["commit", "-m", "big"]));
+    ok(git(&seed, &["push", w.repo_path("acme", "widgets").to_str().unwrap(), "HEAD:refs/heads/main"]));
+
+    let hwm = || {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", w.gw.pid())).unwrap();
+        s.lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap()
+    };
+    let work = tempfile::tempdir().unwrap();
+    ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "small"]));
+    let before = hwm();
+    ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "big"]));
+    let after = hwm();
+    assert_eq!(std::fs::metadata(work.path().join("big/big.bin")).unwrap().len(), 50 * 1024 * 1024);
+    assert!(after - before < 20 * 1024, "gateway peak memory grew by {} KiB for a 50 MB clone", after - before);
+}
+
+#[test]
+fn a_submodule_on_an_unconnected_repository_is_not_fetched() {
+    let w = world(3600, "5m");
+    // Point a submodule of acme/widgets at other/secret, by hand (no network).
+    let seed = w._repos.path().join("seed-widgets");
+    let secret_head = ok(git(&w.repo_path("other", "secret"), &["rev-parse", "HEAD"])).trim().to_string();
+    std::fs::write(
+        seed.join(".gitmodules"),
+        "[submodule \"vendor/secret\"]\n\tpath = vendor/secret\n\turl = https://github.test/other/secret.git\n",
+    )
+    .unwrap();
+    ok(git(&seed, &["add", ".gitmodules"]));
+    ok(git(&seed, &["update-index", "--add", "--cacheinfo", &format!("160000,{secret_head},vendor/secret")]));
+    ok(git(&seed, &["commit", "-m", "submodule"]));
+    ok(git(&seed, &["push", w.repo_path("acme", "widgets").to_str().unwrap(), "HEAD:refs/heads/main"]));
+
+    let work = tempfile::tempdir().unwrap();
+    let out = w.git_via(
+        work.path(),
+        "sbx-a",
+        TOKEN_A,
+        &["clone", "--recurse-submodules", "https://github.test/acme/widgets.git", "w"],
+    );
+    assert!(work.path().join("w/README").exists(), "the connected repository cloned");
+    assert!(!work.path().join("w/vendor/secret/README").exists(), "the unconnected submodule did not");
+    assert!(!out.status.success() || stderr(&out).contains("403"), "{}", stderr(&out));
+    w.gw.wait_for_log(Duration::from_secs(5), |v| {
+        v["reason"] == "repo_not_connected" && v["target"] == "github.test/other/secret"
+    });
+}
+
+#[test]
+fn a_static_token_file_per_owner() {
+    let w = world_with(3600, "5m", Some("ghp_staticowner0123"));
+    let work = tempfile::tempdir().unwrap();
+    ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "w"]));
+    let auth =
+        w.github.recorded()[0].headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone()).unwrap();
+    assert_eq!(base64_decode(auth.trim_start_matches("Basic ")), "x-access-token:ghp_staticowner0123");
+    assert_eq!(w.api.mint_count(), 0);
+    assert!(!w.gw.log_text().contains("ghp_staticowner0123"));
+}
