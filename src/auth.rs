@@ -52,6 +52,8 @@ pub enum AuthError {
     Token(TokenError),
     #[error("credentials are bound to another VPC endpoint")]
     WrongNetwork,
+    #[error("the client certificate does not name this sandbox")]
+    WrongCertificate,
 }
 
 impl AuthError {
@@ -59,9 +61,11 @@ impl AuthError {
         match self {
             AuthError::Missing => DenyReason::AuthRequired,
             AuthError::Token(TokenError::Expired) => DenyReason::TokenExpired,
-            AuthError::Malformed | AuthError::Invalid | AuthError::Token(_) | AuthError::WrongNetwork => {
-                DenyReason::AuthInvalid
-            }
+            AuthError::Malformed
+            | AuthError::Invalid
+            | AuthError::Token(_)
+            | AuthError::WrongNetwork
+            | AuthError::WrongCertificate => DenyReason::AuthInvalid,
         }
     }
 }

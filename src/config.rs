@@ -9,11 +9,11 @@ pub mod validate;
 use std::path::Path;
 
 pub use error::{ConfigError, DisplayPath};
-pub use keys::load_verifier;
+pub use keys::{load_route_secrets, load_verifier};
 pub use policy_files::{load_policies, load_shadow};
 pub use validate::{
     AdminConfig, BlockMode, Config, DnsConfig, DrainConfig, GithubConfig, KeyAlg, KeySource, LogConfig, LogFormat,
-    PolicyConfig, PolicySource, ProxyConfig, ProxyProtocol, RateLimitAction, ResolverConfig, SecretSource,
+    PolicyConfig, PolicySource, ProxyConfig, ProxyProtocol, RateLimitAction, ResolverConfig, RouteConfig, SecretSource,
     TokensConfig,
 };
 

@@ -19,18 +19,26 @@ use crate::proxy::{self, Shared, upstream::VettingConnector};
 use crate::reload::Store;
 use crate::resolve::Resolver;
 
-fn git_route(config: &Config, resolver: &Arc<Resolver>) -> Result<crate::git::upstream::GitRoute, GatewayError> {
+/// The git route and the API routes: HTTPS clients whose connections are resolved,
+/// vetted and dialled like sandbox traffic.
+fn upstream_routes(
+    config: &Config,
+    resolver: &Arc<Resolver>,
+) -> Result<(crate::git::upstream::GitRoute, crate::routes::Routes), GatewayError> {
     let gh = &config.github;
     let tls = crate::upstream_tls::client_config(gh.ca_file.as_deref())
         .map_err(|e| GatewayError::Github(format!("github.ca_file: {e}")))?;
     let connector = crate::upstream_tls::HttpsConnector::new(resolver.clone(), tls);
     let credentials = crate::git::credentials::Credentials::new(gh, connector.clone()).map_err(GatewayError::Github)?;
-    let client = Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .set_host(true)
-        .build(connector);
-    Ok(crate::git::upstream::GitRoute { client, credentials })
+    let client = || {
+        Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .set_host(true)
+            .build(connector.clone())
+    };
+    let routes = crate::routes::Routes::new(&config.routes, client());
+    Ok((crate::git::upstream::GitRoute { client: client(), credentials }, routes))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,10 +104,12 @@ impl Gateway {
             None => None,
         };
         let tls = match &config.proxy.tls {
-            Some((cert, key)) => Some(crate::proxy::tls::TlsState::load(cert, key, &config.file)?),
+            Some((cert, key)) => {
+                Some(crate::proxy::tls::TlsState::load(cert, key, config.proxy.tls_client_ca.as_deref(), &config.file)?)
+            }
             None => None,
         };
-        let git = git_route(&config, &resolver)?;
+        let (git, routes) = upstream_routes(&config, &resolver)?;
         let limits = crate::proxy::limits::SandboxLimits::new(
             config.proxy.sandbox_max_concurrent,
             config.proxy.sandbox_max_per_second,
@@ -116,6 +126,7 @@ impl Gateway {
             limits,
             tls,
             git,
+            routes,
         });
         Ok(Gateway { shared, proxy, admin, dns })
     }

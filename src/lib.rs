@@ -17,6 +17,8 @@ pub mod policy;
 pub mod proxy;
 pub mod reload;
 pub mod resolve;
+pub mod routes;
+pub mod secret;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream_tls;

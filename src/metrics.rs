@@ -21,6 +21,8 @@ pub const PROXY_TUNNELS_ACTIVE: &str = "egress_proxy_tunnels_active";
 pub const PROXY_CONNECTIONS_REFUSED: &str = "egress_proxy_connections_refused_total";
 /// `why` = untrusted_header|malformed_header|missing_header|timeout.
 pub const PROXY_PROTOCOL_REJECTED: &str = "egress_proxy_protocol_rejected_total";
+/// Connections closed because the client is not in `proxy.allowed_clients`.
+pub const PROXY_CLIENTS_REJECTED: &str = "egress_proxy_clients_rejected_total";
 /// `result` = ok|error.
 pub const POLICY_RELOADS: &str = "egress_policy_reloads_total";
 pub const POLICY_GENERATION: &str = "egress_policy_generation";
@@ -77,6 +79,7 @@ fn describe() {
     describe_gauge!(PROXY_TUNNELS_ACTIVE, Unit::Count, "Open CONNECT tunnels and upgraded connections");
     describe_counter!(PROXY_CONNECTIONS_REFUSED, Unit::Count, "Connections closed at proxy.max_connections");
     describe_counter!(PROXY_PROTOCOL_REJECTED, Unit::Count, "Connections closed by PROXY protocol admission, by why");
+    describe_counter!(PROXY_CLIENTS_REJECTED, Unit::Count, "Connections from clients outside proxy.allowed_clients");
     describe_counter!(POLICY_RELOADS, Unit::Count, "Policy reloads, by result");
     describe_gauge!(POLICY_GENERATION, Unit::Count, "Generation of the policies in force");
     describe_counter!(

@@ -46,6 +46,7 @@ pub struct Policy {
     deny: RuleSet,
     git: GitRules,
     vpce: Vec<String>,
+    routes: Vec<String>,
 }
 
 impl Policy {
@@ -60,6 +61,7 @@ impl Policy {
                 deny: RuleSet::default(),
                 git: GitRules::default(),
                 vpce: Vec::new(),
+                routes: Vec::new(),
             },
         }
     }
@@ -70,6 +72,11 @@ impl Policy {
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The API routes this policy's sandboxes may use.
+    pub fn routes(&self) -> &[String] {
+        &self.routes
     }
 
     /// VPC endpoint ids this policy's sandboxes must come through (empty: any).
@@ -178,6 +185,11 @@ impl PolicyBuilder {
         }
         self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
         Ok(())
+    }
+
+    /// Lets the policy's sandboxes use these API routes.
+    pub fn allow_routes(&mut self, routes: Vec<String>) {
+        self.policy.routes = routes;
     }
 
     /// Binds the policy's sandboxes to these VPC endpoints (PROXY protocol v2 TLV).

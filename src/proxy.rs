@@ -1,6 +1,7 @@
 //! The proxy on port 4002: CONNECT tunnels and absolute-form HTTP forwarding, both
 //! through one decision path (identify, normalise, decide, resolve and vet, act, record).
 
+pub mod bodies;
 pub mod connect;
 pub mod forward;
 pub mod limits;
@@ -55,6 +56,8 @@ pub struct Shared {
     pub tls: Option<tls::TlsState>,
     /// The git route's upstream client and GitHub credentials.
     pub git: crate::git::upstream::GitRoute,
+    /// The API routes' upstream client and request budgets.
+    pub routes: crate::routes::Routes,
 }
 
 impl Shared {
@@ -84,6 +87,9 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// The AWS VPC endpoint the connection came through (PROXY protocol v2 TLV).
     pub vpce: Option<String>,
+    /// With `proxy.tls_client_cn_is_sandbox`: the client certificate's subject CN,
+    /// which must equal the authenticated sandbox id.
+    pub client_cn: Option<String>,
 }
 
 /// Entry point for every request on the proxy port.
@@ -96,8 +102,14 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
         && req.uri().host().is_some_and(|h| h.eq_ignore_ascii_case(gh_host))
     {
         crate::git::upstream::handle(req, conn, shared, state, crate::git::upstream::Entry::Absolute).await
+    } else if req.uri().scheme_str() == Some("http")
+        && req.uri().host().is_some_and(|h| crate::routes::is_route_host(&shared.config.routes, h))
+    {
+        crate::routes::handle(req, conn, shared, state, crate::routes::Entry::Absolute).await
     } else if req.uri().scheme().is_some() {
         forward::handle(req, conn, shared, state).await
+    } else if req.uri().path().starts_with("/routes/") {
+        crate::routes::handle(req, conn, shared, state, crate::routes::Entry::Origin).await
     } else if req
         .uri()
         .path()
@@ -129,10 +141,23 @@ pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the pro
 fn identify(state: &State, req: &Request<Incoming>, conn: &ConnInfo) -> Result<auth::Identity, auth::AuthError> {
     let value = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
     let identity = auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())?;
+    check_binding(&identity, conn)?;
+    Ok(identity)
+}
+
+/// Holds an identity to the connection it came on: a sandbox bound to VPC endpoints
+/// must come through one of them, and with mutual TLS the client certificate's CN
+/// (when required to) must be the sandbox id.
+pub fn check_binding(identity: &auth::Identity, conn: &ConnInfo) -> Result<(), auth::AuthError> {
     if !identity.vpce.is_empty() && !conn.vpce.as_ref().is_some_and(|v| identity.vpce.contains(v)) {
         return Err(auth::AuthError::WrongNetwork);
     }
-    Ok(identity)
+    if let Some(cn) = &conn.client_cn
+        && cn != &identity.sandbox
+    {
+        return Err(auth::AuthError::WrongCertificate);
+    }
+    Ok(())
 }
 
 /// Records and answers a denial that happened before a sandbox was known, or for a

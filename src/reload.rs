@@ -19,6 +19,7 @@ pub struct Loaded {
     pub policies: PolicySet,
     pub shadow: Option<PolicySet>,
     pub tokens: Verifier,
+    pub route_secrets: std::collections::HashMap<String, crate::secret::Secret>,
 }
 
 /// Reads and validates everything reloadable named by `config`.
@@ -27,6 +28,7 @@ pub fn load(config: &Config) -> Result<Loaded, ConfigError> {
         policies: config::load_policies(config)?,
         shadow: config::load_shadow(config)?,
         tokens: config::load_verifier(config)?,
+        route_secrets: config::load_route_secrets(config)?,
     })
 }
 
@@ -37,6 +39,8 @@ pub struct State {
     /// Decided alongside for comparison (`policy.shadow_dir`); never enforced.
     pub shadow: Option<PolicySet>,
     pub tokens: Verifier,
+    /// API route name -> the secret injected upstream.
+    pub route_secrets: std::collections::HashMap<String, crate::secret::Secret>,
     pub loaded_at: SystemTime,
 }
 
@@ -49,13 +53,14 @@ pub struct Store {
 impl Store {
     pub fn new(loaded: Loaded) -> Self {
         ::metrics::gauge!(metrics::POLICY_GENERATION).set(1.0);
-        let Loaded { policies, shadow, tokens } = loaded;
+        let Loaded { policies, shadow, tokens, route_secrets } = loaded;
         Store {
             current: ArcSwap::from_pointee(State {
                 generation: 1,
                 policies,
                 shadow,
                 tokens,
+                route_secrets,
                 loaded_at: SystemTime::now(),
             }),
             next_generation: AtomicU64::new(2),
@@ -75,9 +80,10 @@ impl Store {
     /// Loads the policies named by `config` and swaps them in; on error the current
     /// state stays. Logs and counts either way.
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
-        let result = load(config).map(|Loaded { policies, shadow, tokens }| {
+        let result = load(config).map(|Loaded { policies, shadow, tokens, route_secrets }| {
             let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-            self.current.store(Arc::new(State { generation, policies, shadow, tokens, loaded_at: SystemTime::now() }));
+            let loaded_at = SystemTime::now();
+            self.current.store(Arc::new(State { generation, policies, shadow, tokens, route_secrets, loaded_at }));
             generation
         });
         let message = match &result {
@@ -123,6 +129,11 @@ pub fn fingerprint(config: &Config) -> u64 {
     if let Some((cert, key)) = &config.proxy.tls {
         files.push(cert.clone());
         files.push(key.clone());
+    }
+    for r in &config.routes {
+        if let config::SecretSource::File(p) = &r.secret {
+            files.push(p.clone());
+        }
     }
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for f in files {

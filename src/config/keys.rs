@@ -8,6 +8,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
 
 use super::error::ConfigError;
 use super::validate::{Config, KeyAlg, SecretSource};
+use crate::secret::Secret;
 use crate::tokens::{Key, Verifier};
 
 /// Shortest HS256 secret accepted (RFC 7518 section 3.2: at least the hash size).
@@ -75,4 +76,38 @@ pub fn load_verifier(config: &Config) -> Result<Verifier, ConfigError> {
         );
     }
     Ok(Verifier::new(keys, t.max_ttl, t.leeway, revoked))
+}
+
+/// Reads every API route's injected secret (`routes[].inject`), so secrets rotate
+/// with a reload.
+pub fn load_route_secrets(config: &Config) -> Result<HashMap<String, Secret>, ConfigError> {
+    let mut out = HashMap::new();
+    for (i, r) in config.routes.iter().enumerate() {
+        let value = match &r.secret {
+            SecretSource::File(p) => std::fs::read_to_string(p).map_err(|e| {
+                ConfigError::invalid(
+                    &config.file,
+                    format!("routes[{i}].inject.secret_file"),
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            })?,
+            SecretSource::Env(v) => std::env::var(v).map_err(|_| {
+                ConfigError::invalid(
+                    &config.file,
+                    format!("routes[{i}].inject.secret_env"),
+                    format!("environment variable {v} is not set"),
+                )
+            })?,
+        };
+        let value = value.trim();
+        if value.is_empty() || http::HeaderValue::from_str(&format!("{}{value}", r.prefix)).is_err() {
+            return Err(ConfigError::invalid(
+                &config.file,
+                format!("routes[{i}].inject"),
+                "expected a non-empty secret usable in a header",
+            ));
+        }
+        out.insert(r.name.clone(), Secret::new(value));
+    }
+    Ok(out)
 }

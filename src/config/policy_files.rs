@@ -131,6 +131,7 @@ fn compile(sources: &[Source], default_mode: Mode, ports: &[u16]) -> Result<Poli
                 b.allow_ref_deletion(git.allow_delete);
             }
             b.require_vpce(def.vpce.clone());
+            b.allow_routes(def.routes.clone());
             defined_in.insert(name.clone(), src.file.clone());
             policies.insert(name, Arc::new(b.build()));
         }

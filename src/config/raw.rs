@@ -21,8 +21,36 @@ pub struct RawConfig {
     pub drain: RawDrain,
     pub tokens: RawTokens,
     pub github: RawGithub,
+    pub routes: Vec<RawRoute>,
     /// Absent: no DNS server.
     pub dns: Option<RawDns>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    pub upstream: String,
+    pub inject: RawInject,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// Requests per minute per sandbox; 0: unlimited.
+    #[serde(default)]
+    pub sandbox_requests_per_minute: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInject {
+    pub header: String,
+    #[serde(default)]
+    pub prefix: String,
+    #[serde(default)]
+    pub secret_file: String,
+    #[serde(default)]
+    pub secret_env: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -148,6 +176,12 @@ pub struct RawProxy {
     /// PEM certificate chain and key: the proxy port speaks TLS (an HTTPS proxy).
     pub tls_cert_file: String,
     pub tls_key_file: String,
+    /// PEM CA certificates: every client must present a certificate from them (mTLS).
+    pub tls_client_ca: String,
+    /// With mTLS: the client certificate's subject CN must equal the sandbox id.
+    pub tls_client_cn_is_sandbox: bool,
+    /// Client CIDRs admitted (after a trusted PROXY header); empty: everyone.
+    pub allowed_clients: Vec<String>,
     pub trusted_proxies: Vec<String>,
 }
 
@@ -173,6 +207,9 @@ impl Default for RawProxy {
             tcp_keepalive: Duration::from_secs(60),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            tls_client_ca: String::new(),
+            tls_client_cn_is_sandbox: false,
+            allowed_clients: Vec::new(),
             trusted_proxies: Vec::new(),
         }
     }
@@ -306,6 +343,8 @@ pub struct RawPolicy {
     pub git: Option<RawGit>,
     /// VPC endpoint ids the policy's sandboxes must come through.
     pub vpce: Vec<String>,
+    /// API routes (`[[routes]]` names) the policy's sandboxes may use.
+    pub routes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -27,6 +27,25 @@ pub struct Config {
     pub drain: DrainConfig,
     pub tokens: TokensConfig,
     pub github: GithubConfig,
+    pub routes: Vec<RouteConfig>,
+}
+
+/// A credential-injecting API route (`[[routes]]`).
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    /// `https://HOST[:PORT]`, no path.
+    pub upstream: http::Uri,
+    /// The upstream host, as absolute-form requests name it.
+    pub host: String,
+    pub header: http::HeaderName,
+    pub prefix: String,
+    pub secret: SecretSource,
+    /// Upper-case methods allowed; empty: any.
+    pub methods: Vec<String>,
+    /// Path prefixes allowed; empty: any.
+    pub paths: Vec<String>,
+    pub sandbox_requests_per_minute: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -113,6 +132,11 @@ pub struct ProxyConfig {
     pub tcp_keepalive: Duration,
     /// (certificate chain, key) PEM files when the proxy port speaks TLS.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// CA certificates (PEM) client certificates must chain to (mTLS).
+    pub tls_client_ca: Option<PathBuf>,
+    pub tls_client_cn_is_sandbox: bool,
+    /// Clients admitted; empty: everyone.
+    pub allowed_clients: Vec<IpNet>,
     /// Peers whose PROXY protocol headers are believed.
     pub trusted_proxies: Vec<IpNet>,
 }
@@ -273,6 +297,17 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         }
         _ => return Err(err("proxy.tls_cert_file", &"expected both tls_cert_file and tls_key_file, or neither")),
     };
+    let tls_client_ca = (!p.tls_client_ca.is_empty()).then(|| clean_path(&base_dir.join(&p.tls_client_ca)));
+    if tls_client_ca.is_some() && tls.is_none() {
+        return Err(err("proxy.tls_client_ca", &"mutual TLS needs tls_cert_file and tls_key_file"));
+    }
+    if p.tls_client_cn_is_sandbox && tls_client_ca.is_none() {
+        return Err(err("proxy.tls_client_cn_is_sandbox", &"needs tls_client_ca"));
+    }
+    let mut allowed_clients = Vec::new();
+    for (i, c) in p.allowed_clients.iter().enumerate() {
+        allowed_clients.push(parse_net(c).map_err(|m| err(&format!("proxy.allowed_clients[{i}]"), &m))?);
+    }
     let proxy = ProxyConfig {
         listen,
         header_read_timeout: p.header_read_timeout,
@@ -287,6 +322,9 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         sandbox_max_concurrent: p.sandbox_max_concurrent,
         sandbox_max_per_second: p.sandbox_max_per_second,
         tcp_keepalive: p.tcp_keepalive,
+        tls_client_ca,
+        tls_client_cn_is_sandbox: p.tls_client_cn_is_sandbox,
+        allowed_clients,
         tls,
         trusted_proxies,
     };
@@ -358,7 +396,8 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let drain = DrainConfig { delay: raw.drain.delay, timeout: raw.drain.timeout };
     let tokens = validate_tokens(raw.tokens, file, base_dir)?;
     let github = validate_github(raw.github, file, base_dir)?;
-    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain, tokens, github })
+    let routes = validate_routes(raw.routes, file, base_dir)?;
+    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain, tokens, github, routes })
 }
 
 fn validate_admin(a: super::raw::RawAdmin, file: &DisplayPath, base_dir: &Path) -> Result<AdminConfig, ConfigError> {
@@ -572,4 +611,69 @@ fn validate_github(g: super::raw::RawGithub, file: &DisplayPath, base_dir: &Path
         refresh_before: g.refresh_before,
         idle_timeout: g.idle_timeout,
     })
+}
+
+fn validate_routes(
+    routes: Vec<super::raw::RawRoute>,
+    file: &DisplayPath,
+    base_dir: &Path,
+) -> Result<Vec<RouteConfig>, ConfigError> {
+    let mut out: Vec<RouteConfig> = Vec::with_capacity(routes.len());
+    for (i, r) in routes.into_iter().enumerate() {
+        let key = |k: &str| format!("routes[{i}].{k}");
+        let valid_name = !r.name.is_empty()
+            && r.name.len() <= 64
+            && r.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid_name || out.iter().any(|o| o.name == r.name) {
+            return Err(ConfigError::invalid(
+                file,
+                key("name"),
+                "expected a unique name of letters, digits, '-' or '_'",
+            ));
+        }
+        let upstream: http::Uri = r.upstream.trim_end_matches('/').parse().map_err(|_| {
+            ConfigError::invalid(file, key("upstream"), format!("expected https://HOST, got {:?}", r.upstream))
+        })?;
+        if upstream.scheme_str() != Some("https") || !(upstream.path() == "/" || upstream.path().is_empty()) {
+            return Err(ConfigError::invalid(file, key("upstream"), "expected https://HOST[:PORT] without a path"));
+        }
+        let host = upstream
+            .host()
+            .and_then(|h| addr::normalize_hostname(h).ok())
+            .ok_or_else(|| ConfigError::invalid(file, key("upstream"), "expected a hostname"))?;
+        let header = http::HeaderName::from_bytes(r.inject.header.as_bytes())
+            .map_err(|_| ConfigError::invalid(file, key("inject.header"), "expected a header name"))?;
+        let secret = match (r.inject.secret_file.is_empty(), r.inject.secret_env.is_empty()) {
+            (false, true) => SecretSource::File(clean_path(&base_dir.join(&r.inject.secret_file))),
+            (true, false) => SecretSource::Env(r.inject.secret_env.clone()),
+            _ => {
+                return Err(ConfigError::invalid(
+                    file,
+                    key("inject"),
+                    "expected exactly one of secret_file and secret_env",
+                ));
+            }
+        };
+        for (j, p) in r.paths.iter().enumerate() {
+            if !p.starts_with('/') || p.contains("..") || p.contains('%') {
+                return Err(ConfigError::invalid(
+                    file,
+                    format!("routes[{i}].paths[{j}]"),
+                    "expected a path prefix starting with /",
+                ));
+            }
+        }
+        out.push(RouteConfig {
+            name: r.name,
+            upstream,
+            host,
+            header,
+            prefix: r.inject.prefix,
+            secret,
+            methods: r.methods.iter().map(|m| m.to_ascii_uppercase()).collect(),
+            paths: r.paths,
+            sandbox_requests_per_minute: r.sandbox_requests_per_minute,
+        });
+    }
+    Ok(out)
 }

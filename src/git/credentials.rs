@@ -5,7 +5,6 @@
 //! never logged: [`Secret`] redacts itself.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -19,21 +18,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use crate::config::GithubConfig;
 use crate::upstream_tls::HttpsConnector;
 
-/// A credential that never prints itself.
-#[derive(Clone)]
-pub struct Secret(Arc<str>);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
+pub use crate::secret::Secret;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CredError {
@@ -105,7 +90,7 @@ impl Credentials {
             if token.is_empty() {
                 return Err(CredError::TokenFile(owner.to_string()));
             }
-            return Ok(Secret(token.into()));
+            return Ok(Secret::new(token));
         }
         if self.app.is_none() {
             return Err(CredError::NotConfigured(owner.to_string()));
@@ -198,7 +183,7 @@ impl Credentials {
             .and_then(|s| humantime::parse_rfc3339_weak(s).ok())
             .ok_or_else(|| CredError::App("no expires_at".into()))?;
         tracing::info!(owner, repo, permission, "minted a GitHub installation token");
-        Ok((Secret(token.into()), expires_at))
+        Ok((Secret::new(token), expires_at))
     }
 }
 
@@ -230,6 +215,6 @@ mod tests {
     #[test]
     fn redaction() {
         assert_eq!(redact("token ghs_abc123 and github_pat_11AB_cd, ok"), "token <redacted> and <redacted>, ok");
-        assert_eq!(format!("{:?}", Secret("ghs_x".into())), "Secret(<redacted>)");
+        assert_eq!(format!("{:?}", Secret::new("ghs_x")), "Secret(<redacted>)");
     }
 }

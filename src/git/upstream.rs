@@ -14,7 +14,7 @@ use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
@@ -24,8 +24,9 @@ use super::route::{self, Op, RouteError};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::auth::{self, AuthError};
 use crate::policy::DenyReason;
+use crate::proxy::bodies::{Counting, IdleBody};
 use crate::proxy::respond::{self, Denial};
-use crate::proxy::{BoxError, ConnInfo, ProxyBody, Shared, upstream::UpstreamAddr};
+use crate::proxy::{ConnInfo, ProxyBody, Shared, upstream::UpstreamAddr};
 use crate::reload::State;
 
 /// How the request reached the route.
@@ -134,10 +135,10 @@ pub async fn handle(
                 return finish(&mut rec, DenyReason::GitRefDenied, None, &hint, entry);
             }
         }
-        let counted = Counting { inner: Prefixed { head: Some(head), rest }, count: bytes_up.clone() };
+        let counted = Counting::new(Prefixed { head: Some(head), rest }, bytes_up.clone());
         IdleBody::new(counted, idle).boxed_unsync()
     } else {
-        IdleBody::new(Counting { inner: body, count: bytes_up.clone() }, idle).boxed_unsync()
+        IdleBody::new(Counting::new(body, bytes_up.clone()), idle).boxed_unsync()
     };
 
     let route = &shared.git;
@@ -211,9 +212,7 @@ fn identify(
         .or_else(|| if entry == Entry::Origin { h.get(header::AUTHORIZATION) } else { None })
         .map(|v| v.as_bytes());
     let identity = auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())?;
-    if !identity.vpce.is_empty() && !conn.vpce.as_ref().is_some_and(|v| identity.vpce.contains(v)) {
-        return Err(AuthError::WrongNetwork);
-    }
+    crate::proxy::check_binding(&identity, conn)?;
     Ok(identity)
 }
 
@@ -314,83 +313,5 @@ impl Body for Prefixed {
             return Poll::Ready(Some(Ok(Frame::data(h))));
         }
         Pin::new(&mut self.rest).poll_frame(cx)
-    }
-}
-
-/// Counts data bytes into a shared counter.
-struct Counting<B> {
-    inner: B,
-    count: Arc<AtomicU64>,
-}
-
-impl<B: Body<Data = Bytes> + Unpin> Body for Counting<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &r
-            && let Some(d) = f.data_ref()
-        {
-            self.count.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// Fails a body that yields nothing for `idle` (an idle timeout, not a total one: a
-/// large pack may take as long as it needs while bytes flow).
-pub struct IdleBody<B> {
-    inner: B,
-    idle: Duration,
-    timer: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl<B> IdleBody<B> {
-    pub fn new(inner: B, idle: Duration) -> Self {
-        IdleBody { inner, idle, timer: Box::pin(tokio::time::sleep(idle)) }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("body idle for too long")]
-pub struct IdleTimeout;
-
-impl<B> Body for IdleBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(r) => {
-                let deadline = tokio::time::Instant::now() + self.idle;
-                self.timer.as_mut().reset(deadline);
-                Poll::Ready(r.map(|x| x.map_err(Into::into)))
-            }
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout)))),
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

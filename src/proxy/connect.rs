@@ -48,7 +48,9 @@ pub async fn handle(
 
     let sandbox = match identify(&state, &req, conn) {
         Ok(s) => s,
-        Err(e @ crate::auth::AuthError::WrongNetwork) => return reject(&mut rec, e.reason(), &e.to_string()),
+        Err(e @ (crate::auth::AuthError::WrongNetwork | crate::auth::AuthError::WrongCertificate)) => {
+            return reject(&mut rec, e.reason(), &e.to_string());
+        }
         Err(e) => return reject(&mut rec, e.reason(), super::AUTH_HINT),
     };
     let decision = sandbox.policy.decide(&target);

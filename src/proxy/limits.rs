@@ -57,6 +57,17 @@ impl SandboxLimits {
         SandboxLimits(Arc::new(Inner { max_concurrent, rate, burst: rate * 2.0, slots: Mutex::new(HashMap::new()) }))
     }
 
+    /// A budget of `n` requests per minute per key (bursts of `n`), no concurrency cap.
+    pub fn per_minute(n: u32) -> Self {
+        let rate = f64::from(n) / 60.0;
+        SandboxLimits(Arc::new(Inner {
+            max_concurrent: 0,
+            rate,
+            burst: f64::from(n),
+            slots: Mutex::new(HashMap::new()),
+        }))
+    }
+
     pub fn acquire(&self, sandbox: &str) -> Result<Permit, LimitError> {
         self.acquire_at(sandbox, Instant::now())
     }

@@ -65,7 +65,17 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
                             tls.acceptor().accept(stream),
                         );
                         match handshake.await {
-                            Ok(Ok(tls_stream)) => serve_connection(tls_stream, conn, shared, shutdown).await,
+                            Ok(Ok(tls_stream)) => {
+                                let mut conn = conn;
+                                if shared.config.proxy.tls_client_cn_is_sandbox {
+                                    conn.client_cn = super::tls::peer_cn(&tls_stream);
+                                    if conn.client_cn.is_none() {
+                                        tracing::debug!(client_addr = %conn.peer, "client certificate without a subject CN");
+                                        return;
+                                    }
+                                }
+                                serve_connection(tls_stream, conn, shared, shutdown).await
+                            }
                             Ok(Err(e)) => tracing::debug!(client_addr = %conn.peer, error = %e, "TLS handshake failed"),
                             Err(_) => tracing::debug!(client_addr = %conn.peer, "TLS handshake timed out"),
                         }
@@ -83,8 +93,19 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
 /// close.
 async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
+    let conn = admit_proxy_protocol(stream, peer, shared).await?;
+    if !cfg.allowed_clients.is_empty() && !cfg.allowed_clients.iter().any(|n| n.contains(&conn.peer.ip())) {
+        tracing::debug!(client_addr = %conn.peer, "connection closed: client not in proxy.allowed_clients");
+        ::metrics::counter!(crate::metrics::PROXY_CLIENTS_REJECTED).increment(1);
+        return None;
+    }
+    Some(conn)
+}
+
+async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
+    let cfg = &shared.config.proxy;
     if cfg.proxy_protocol == ProxyProtocol::Off {
-        return Some(ConnInfo { peer, vpce: None });
+        return Some(ConnInfo { peer, vpce: None, client_cn: None });
     }
     let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
     let reject = |why: &'static str| {
@@ -100,12 +121,12 @@ async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Opt
         (Detect::V1 | Detect::V2, false, _) => reject("untrusted_header"),
         (Detect::V1 | Detect::V2, true, _) => {
             match proxy_protocol::read_header(stream, kind, cfg.header_read_timeout).await {
-                Ok(h) => Some(ConnInfo { peer: h.source.unwrap_or(peer), vpce: h.vpce }),
+                Ok(h) => Some(ConnInfo { peer: h.source.unwrap_or(peer), vpce: h.vpce, client_cn: None }),
                 Err(_) => reject("malformed_header"),
             }
         }
         (_, _, ProxyProtocol::Required) => reject("missing_header"),
-        _ => Some(ConnInfo { peer, vpce: None }),
+        _ => Some(ConnInfo { peer, vpce: None, client_cn: None }),
     }
 }
 

@@ -14,16 +14,23 @@ use crate::config::{ConfigError, DisplayPath};
 pub struct TlsState {
     cert_file: PathBuf,
     key_file: PathBuf,
+    client_ca: Option<PathBuf>,
     config_file: DisplayPath,
     current: ArcSwap<rustls::ServerConfig>,
 }
 
 impl TlsState {
-    pub fn load(cert_file: &Path, key_file: &Path, config_file: &DisplayPath) -> Result<TlsState, ConfigError> {
-        let current = ArcSwap::from_pointee(server_config(cert_file, key_file, config_file)?);
+    pub fn load(
+        cert_file: &Path,
+        key_file: &Path,
+        client_ca: Option<&Path>,
+        config_file: &DisplayPath,
+    ) -> Result<TlsState, ConfigError> {
+        let current = ArcSwap::from_pointee(server_config(cert_file, key_file, client_ca, config_file)?);
         Ok(TlsState {
             cert_file: cert_file.to_path_buf(),
             key_file: key_file.to_path_buf(),
+            client_ca: client_ca.map(Path::to_path_buf),
             config_file: config_file.clone(),
             current,
         })
@@ -31,7 +38,7 @@ impl TlsState {
 
     /// Re-reads the certificate and key; on error the current ones stay.
     pub fn reload(&self) -> Result<(), ConfigError> {
-        let cfg = server_config(&self.cert_file, &self.key_file, &self.config_file)?;
+        let cfg = server_config(&self.cert_file, &self.key_file, self.client_ca.as_deref(), &self.config_file)?;
         self.current.store(Arc::new(cfg));
         Ok(())
     }
@@ -41,7 +48,12 @@ impl TlsState {
     }
 }
 
-fn server_config(cert_file: &Path, key_file: &Path, file: &DisplayPath) -> Result<rustls::ServerConfig, ConfigError> {
+fn server_config(
+    cert_file: &Path,
+    key_file: &Path,
+    client_ca: Option<&Path>,
+    file: &DisplayPath,
+) -> Result<rustls::ServerConfig, ConfigError> {
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_file_iter(cert_file).and_then(|it| it.collect::<Result<Vec<_>, _>>()).map_err(|e| {
             ConfigError::invalid(
@@ -65,14 +77,38 @@ fn server_config(cert_file: &Path, key_file: &Path, file: &DisplayPath) -> Resul
         )
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| ConfigError::invalid(file, "proxy.tls_cert_file", e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| {
-            ConfigError::invalid(file, "proxy.tls_key_file", format!("certificate and key do not match: {e}"))
-        })?;
+        .map_err(|e| ConfigError::invalid(file, "proxy.tls_cert_file", e.to_string()))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| ConfigError::invalid(file, "proxy.tls_client_ca", format!("{}: {e}", ca.display())))?;
+            for c in cas {
+                roots
+                    .add(c)
+                    .map_err(|e| ConfigError::invalid(file, "proxy.tls_client_ca", format!("{}: {e}", ca.display())))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| ConfigError::invalid(file, "proxy.tls_client_ca", e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut cfg = builder.with_single_cert(certs, key).map_err(|e| {
+        ConfigError::invalid(file, "proxy.tls_key_file", format!("certificate and key do not match: {e}"))
+    })?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
+}
+
+/// The subject common name of the client's certificate, if it presented one.
+pub fn peer_cn<IO>(stream: &tokio_rustls::server::TlsStream<IO>) -> Option<String> {
+    let cert = stream.get_ref().1.peer_certificates()?.first()?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let cn = parsed.subject().iter_common_name().next()?.as_str().ok()?.to_string();
+    Some(cn)
 }

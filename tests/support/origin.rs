@@ -192,11 +192,18 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         let n: usize = n.parse().unwrap_or(0);
         return Response::new(full(vec![b'x'; n]));
     }
+    if let Some(spec) = path.strip_prefix("/sse/") {
+        // /sse/EVENTS/MS: server-sent events, one every MS milliseconds.
+        let mut it = spec.split('/').map(|x| x.parse::<u64>().unwrap_or(1));
+        let (events, ms) = (it.next().unwrap_or(1), it.next().unwrap_or(100));
+        let body = SlowBody { remaining: events, every: Duration::from_millis(ms), sleep: None, sse: true };
+        return Response::builder().header("content-type", "text/event-stream").body(body.boxed()).expect("response");
+    }
     if let Some(spec) = path.strip_prefix("/slow/") {
         // /slow/CHUNKS/MS: CHUNKS chunks of 1 KiB, one every MS milliseconds.
         let mut it = spec.split('/').map(|x| x.parse::<u64>().unwrap_or(1));
         let (chunks, ms) = (it.next().unwrap_or(1), it.next().unwrap_or(100));
-        let body = SlowBody { remaining: chunks, every: Duration::from_millis(ms), sleep: None };
+        let body = SlowBody { remaining: chunks, every: Duration::from_millis(ms), sleep: None, sse: false };
         return Response::new(body.boxed());
     }
     if let Some(ms) = path.strip_prefix("/sleep/") {
@@ -269,6 +276,8 @@ struct SlowBody {
     remaining: u64,
     every: Duration,
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Yield `data: N\n\n` events instead of 1 KiB chunks.
+    sse: bool,
 }
 
 impl http_body::Body for SlowBody {
@@ -289,7 +298,12 @@ impl http_body::Body for SlowBody {
             std::task::Poll::Ready(()) => {
                 self.sleep = None;
                 self.remaining -= 1;
-                std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(vec![b's'; 1024])))))
+                let chunk = if self.sse {
+                    Bytes::from(format!("data: {}\n\n", self.remaining))
+                } else {
+                    Bytes::from(vec![b's'; 1024])
+                };
+                std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
             }
         }
     }

@@ -11,6 +11,9 @@ pub struct TestCa {
     /// The server certificate and key as PEM files (for the gateway's own TLS).
     pub cert_pem_path: PathBuf,
     pub key_pem_path: PathBuf,
+    /// A client certificate (CN `client`, by default "sbx-a") signed by the same CA.
+    pub client_cert_path: PathBuf,
+    pub client_key_path: PathBuf,
     pub server_config: Arc<rustls::ServerConfig>,
     _dir: tempfile::TempDir,
 }
@@ -19,6 +22,10 @@ impl TestCa {
     /// A CA and a server certificate for `names`; the CA PEM is written to a file for
     /// curl's `--cacert`.
     pub fn new(names: &[&str]) -> TestCa {
+        Self::with_client(names, "sbx-a")
+    }
+
+    pub fn with_client(names: &[&str], client: &str) -> TestCa {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params.distinguished_name.push(rcgen::DnType::CommonName, "egress-gateway test CA");
@@ -30,6 +37,15 @@ impl TestCa {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca_pem_path = dir.path().join("ca.pem");
         std::fs::write(&ca_pem_path, ca.pem()).expect("write ca");
+        let client_key = KeyPair::generate().expect("client key");
+        let mut client_params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        client_params.distinguished_name.push(rcgen::DnType::CommonName, client);
+        client_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let client_cert = client_params.signed_by(&client_key, &ca).expect("sign client");
+        let client_cert_path = dir.path().join("client.pem");
+        let client_key_path = dir.path().join("client.key");
+        std::fs::write(&client_cert_path, client_cert.pem()).expect("write client cert");
+        std::fs::write(&client_key_path, client_key.serialize_pem()).expect("write client key");
         let cert_pem_path = dir.path().join("cert.pem");
         let key_pem_path = dir.path().join("key.pem");
         std::fs::write(&cert_pem_path, cert.pem()).expect("write cert");
@@ -45,6 +61,14 @@ impl TestCa {
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
             )
             .expect("server config");
-        TestCa { ca_pem_path, cert_pem_path, key_pem_path, server_config: Arc::new(server_config), _dir: dir }
+        TestCa {
+            ca_pem_path,
+            cert_pem_path,
+            key_pem_path,
+            client_cert_path,
+            client_key_path,
+            server_config: Arc::new(server_config),
+            _dir: dir,
+        }
     }
 }

@@ -1,0 +1,96 @@
+//! Body adapters shared by the routes that stream: byte counting and an idle timeout.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+
+use super::BoxError;
+
+/// Counts data bytes into a shared counter.
+pub struct Counting<B> {
+    inner: B,
+    count: Arc<AtomicU64>,
+}
+
+impl<B> Counting<B> {
+    pub fn new(inner: B, count: Arc<AtomicU64>) -> Self {
+        Counting { inner, count }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Counting<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &r
+            && let Some(d) = f.data_ref()
+        {
+            self.count.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Fails a body that yields nothing for `idle` (an idle timeout, not a total one: a
+/// large pack may take as long as it needs while bytes flow).
+pub struct IdleBody<B> {
+    inner: B,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> IdleBody<B> {
+    pub fn new(inner: B, idle: Duration) -> Self {
+        IdleBody { inner, idle, timer: Box::pin(tokio::time::sleep(idle)) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("body idle for too long")]
+pub struct IdleTimeout;
+
+impl<B> Body for IdleBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(r) => {
+                let deadline = tokio::time::Instant::now() + self.idle;
+                self.timer.as_mut().reset(deadline);
+                Poll::Ready(r.map(|x| x.map_err(Into::into)))
+            }
+            Poll::Pending => match self.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout)))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

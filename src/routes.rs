@@ -1,0 +1,311 @@
+//! Credential-injecting API routes: the sandbox calls an API through the gateway, the
+//! gateway holds the key. Reached as `http://gateway:4002/routes/NAME/PATH` (for SDKs
+//! that take a base URL) or as `http://HOST/PATH` through the proxy when HOST is a
+//! route's upstream host (the gateway upgrades to HTTPS). The sandbox's credentials and
+//! any client-supplied value of the injected header are stripped; the secret is
+//! redacted from anything the upstream echoes back; bodies stream both ways (SSE
+//! arrives as produced); redirects are never followed; upstream TLS is verified.
+
+pub mod redact;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::auth::{self, AuthError, Credentials};
+use crate::config::RouteConfig;
+use crate::policy::DenyReason;
+use crate::proxy::bodies::{Counting, IdleBody};
+use crate::proxy::limits::SandboxLimits;
+use crate::proxy::respond::{self, Denial};
+use crate::proxy::{ConnInfo, ProxyBody, Shared, upstream::UpstreamAddr};
+use crate::reload::State;
+
+pub use crate::git::upstream::Entry;
+
+pub type RouteClient = hyper_util::client::legacy::Client<crate::upstream_tls::HttpsConnector, ProxyBody>;
+
+pub struct Routes {
+    pub client: RouteClient,
+    /// Per route: the per-sandbox request budget.
+    pub budgets: HashMap<String, SandboxLimits>,
+}
+
+impl Routes {
+    pub fn new(routes: &[RouteConfig], client: RouteClient) -> Self {
+        let budgets = routes
+            .iter()
+            .filter(|r| r.sandbox_requests_per_minute > 0)
+            .map(|r| (r.name.clone(), SandboxLimits::per_minute(r.sandbox_requests_per_minute)))
+            .collect();
+        Routes { client, budgets }
+    }
+}
+
+/// The route an origin-form path names, and the upstream path after it.
+pub fn match_origin<'r, 'p>(routes: &'r [RouteConfig], path: &'p str) -> Option<(&'r RouteConfig, &'p str)> {
+    let rest = path.strip_prefix("/routes/")?;
+    let (name, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let route = routes.iter().find(|r| r.name == name)?;
+    Some((route, if tail.is_empty() { "/" } else { tail }))
+}
+
+/// True when an absolute-form host is some route's upstream host.
+pub fn is_route_host(routes: &[RouteConfig], host: &str) -> bool {
+    routes.iter().any(|r| r.host.eq_ignore_ascii_case(host))
+}
+
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Arc<Shared>,
+    state: Arc<State>,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    let method = req.method().as_str().to_string();
+    let mut rec = AccessRecord::with_vpce(
+        Kind::Forward,
+        &method,
+        raw_target(&req.uri().to_string()),
+        conn.peer,
+        state.generation,
+        conn.vpce.clone(),
+    );
+    let routes = &shared.config.routes;
+    let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+
+    // Which route, and which upstream path.
+    let (candidates, upstream_path): (Vec<&RouteConfig>, String) = match entry {
+        Entry::Origin => match match_origin(routes, req.uri().path()) {
+            Some((r, tail)) => {
+                let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+                (vec![r], format!("{tail}{query}"))
+            }
+            None => return finish(&mut rec, DenyReason::BadRequest, None, "no such route", entry),
+        },
+        Entry::Absolute => {
+            let host = req.uri().host().unwrap_or_default();
+            (routes.iter().filter(|r| r.host.eq_ignore_ascii_case(host)).collect(), path_and_query.clone())
+        }
+    };
+    let Some(first) = candidates.first() else {
+        return finish(&mut rec, DenyReason::BadRequest, None, "no such route", entry);
+    };
+    rec.target = format!("route:{}", first.name);
+
+    let identity = match identify(&state, &req, conn, entry, first) {
+        Ok(i) => i,
+        Err(e) => return finish(&mut rec, e.reason(), None, crate::proxy::AUTH_HINT, entry),
+    };
+    rec.sandbox = Some(identity.sandbox.clone());
+    rec.policy = Some(identity.policy.name().to_string());
+    let Some(route) = candidates.iter().find(|r| identity.policy.routes().contains(&r.name)) else {
+        let hint =
+            format!("policy {} does not list route {:?} (policies.NAME.routes)", identity.policy.name(), first.name);
+        return finish(&mut rec, DenyReason::HostNotAllowed, None, &hint, entry);
+    };
+    rec.target = format!("route:{}", route.name);
+    rec.rule = Some(format!("routes {:?}", route.name));
+    if !route.methods.is_empty() && !route.methods.iter().any(|m| m == &method) {
+        return finish(
+            &mut rec,
+            DenyReason::HostNotAllowed,
+            Some(StatusCode::FORBIDDEN),
+            &format!("method {method} is not allowed on route {}", route.name),
+            entry,
+        );
+    }
+    let path_only = upstream_path.split('?').next().unwrap_or("/");
+    if path_only.contains("..")
+        || path_only.contains("//")
+        || path_only.contains('%') && path_only.to_ascii_lowercase().contains("%2e")
+    {
+        return finish(&mut rec, DenyReason::BadRequest, None, "path traversal is not allowed", entry);
+    }
+    if !route.paths.is_empty()
+        && !route.paths.iter().any(|p| {
+            path_only == p
+                || path_only.starts_with(&format!("{}/", p.trim_end_matches('/')))
+                || path_only.starts_with(p.as_str()) && p.ends_with('/')
+        })
+    {
+        return finish(
+            &mut rec,
+            DenyReason::HostNotAllowed,
+            Some(StatusCode::FORBIDDEN),
+            &format!("path {path_only} is not allowed on route {}", route.name),
+            entry,
+        );
+    }
+    rec.decision = "allow";
+    let route_shared = &shared.routes;
+    let _budget = match route_shared.budgets.get(&route.name).map(|b| b.acquire(&identity.sandbox)) {
+        Some(Err(_)) => {
+            return finish(
+                &mut rec,
+                DenyReason::LimitExceeded,
+                None,
+                &format!("request budget of route {} exceeded", route.name),
+                entry,
+            );
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    let permit = match shared.limits.acquire(&identity.sandbox) {
+        Ok(p) => p,
+        Err(e) => return finish(&mut rec, DenyReason::LimitExceeded, None, &e.to_string(), entry),
+    };
+    let Some(secret) = state.route_secrets.get(&route.name) else {
+        return finish(
+            &mut rec,
+            DenyReason::UpstreamUnreachable,
+            Some(StatusCode::BAD_GATEWAY),
+            "route secret not loaded",
+            entry,
+        );
+    };
+
+    let (parts, body) = req.into_parts();
+    let bytes_up = Arc::new(AtomicU64::new(0));
+    let idle = shared.config.proxy.tunnel_idle_timeout;
+    let body = IdleBody::new(Counting::new(body, bytes_up.clone()), idle).boxed_unsync();
+    let uri = format!("{}{}", route.upstream.to_string().trim_end_matches('/'), upstream_path);
+    let mut up = Request::builder().method(parts.method.clone()).uri(uri);
+    if let Some(h) = up.headers_mut() {
+        copy_headers(&parts.headers, h, route);
+        if let Ok(mut v) = HeaderValue::from_str(&format!("{}{}", route.prefix, secret.expose())) {
+            v.set_sensitive(true);
+            h.insert(route.header.clone(), v);
+        }
+    }
+    let Ok(up) = up.body(body) else {
+        return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
+    };
+    let timeout = shared.config.proxy.response_header_timeout;
+    let resp = match tokio::time::timeout(timeout, route_shared.client.request(up)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            let (reason, detail) = match crate::proxy::upstream::dial_error(&e) {
+                Some(d) => (d.reason(), d.to_string()),
+                None => (DenyReason::UpstreamUnreachable, "the API could not be reached".to_string()),
+            };
+            return finish(&mut rec, reason, None, &detail, entry);
+        }
+        Err(_) => return finish(&mut rec, DenyReason::UpstreamTimeout, None, "the API did not answer in time", entry),
+    };
+    rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    rec.status = resp.status().as_u16();
+    let (mut parts, body) = resp.into_parts();
+    for h in [header::CONNECTION, header::TRANSFER_ENCODING, header::CONTENT_LENGTH, header::SET_COOKIE] {
+        parts.headers.remove(h);
+    }
+    parts.headers.remove("keep-alive");
+    // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
+    // through as is, with its Location redacted like everything else.
+    redact::headers(&mut parts.headers, secret.expose());
+    let body = redact::RedactBody::new(IdleBody::new(body, idle), secret.expose());
+    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Sandbox credentials: `Proxy-Authorization`; on the origin-form entry also
+/// `Authorization: Basic`, `Authorization: Bearer ID:TOKEN`, or `ID:TOKEN` in the
+/// route's own header (what an SDK sends as its API key).
+fn identify(
+    state: &State,
+    req: &Request<Incoming>,
+    conn: &ConnInfo,
+    entry: Entry,
+    route: &RouteConfig,
+) -> Result<auth::Identity, AuthError> {
+    let h = req.headers();
+    let creds = if let Some(v) = h.get(header::PROXY_AUTHORIZATION) {
+        auth::parse_basic(v.as_bytes())?
+    } else if entry == Entry::Absolute {
+        return Err(AuthError::Missing);
+    } else if let Some(v) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        match v.split_once(' ') {
+            Some((s, _)) if s.eq_ignore_ascii_case("basic") => auth::parse_basic(v.as_bytes())?,
+            Some((s, rest)) if s.eq_ignore_ascii_case("bearer") => pair(rest.trim())?,
+            _ => return Err(AuthError::Malformed),
+        }
+    } else if let Some(v) = h.get(&route.header).and_then(|v| v.to_str().ok()) {
+        pair(v.trim().strip_prefix(route.prefix.as_str()).unwrap_or(v.trim()))?
+    } else {
+        return Err(AuthError::Missing);
+    };
+    let identity = auth::authenticate(&state.policies, &state.tokens, &creds, crate::tokens::now())?;
+    crate::proxy::check_binding(&identity, conn)?;
+    Ok(identity)
+}
+
+fn pair(s: &str) -> Result<Credentials, AuthError> {
+    let (id, token) = s.split_once(':').ok_or(AuthError::Malformed)?;
+    if id.is_empty() || token.is_empty() {
+        return Err(AuthError::Malformed);
+    }
+    Ok(Credentials::new(id, token))
+}
+
+/// End-to-end headers pass; credentials, cookies, hop-by-hop headers and any value of
+/// the injected header the client sent stay behind.
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
+    let drop: [&str; 11] = [
+        "host",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    for (k, v) in from {
+        if drop.contains(&k.as_str()) || k == route.header {
+            continue;
+        }
+        to.append(k.clone(), v.clone());
+    }
+}
+
+fn finish(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    status: Option<StatusCode>,
+    hint: &str,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    let mut resp = respond::deny(
+        reason,
+        &Denial {
+            target: Some(&rec.target),
+            sandbox: rec.sandbox.as_deref(),
+            policy: rec.policy.as_deref(),
+            rule: rec.rule.as_deref(),
+            hint: Some(hint.to_string()),
+        },
+    );
+    if let Some(s) = status {
+        *resp.status_mut() = s;
+    }
+    if entry == Entry::Origin && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        *resp.status_mut() = StatusCode::UNAUTHORIZED;
+        resp.headers_mut().remove(header::PROXY_AUTHENTICATE);
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
+    }
+    rec.decision = "deny";
+    rec.reason = Some(reason.code());
+    rec.status = resp.status().as_u16();
+    rec.emit();
+    resp
+}

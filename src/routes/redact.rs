@@ -1,0 +1,120 @@
+//! Removes a secret from a response as it streams: an upstream that echoes the injected
+//! key (in an error message, say) must not hand it to the sandbox. Only a tail that
+//! could be the start of the secret is held back between chunks, so server-sent events
+//! still arrive as they are produced.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame};
+
+use crate::proxy::BoxError;
+
+pub const MARK: &str = "[REDACTED]";
+
+/// Replaces the secret in every header value that contains it.
+pub fn headers(h: &mut HeaderMap, secret: &str) {
+    for v in h.values_mut() {
+        if let Ok(s) = v.to_str()
+            && s.contains(secret)
+            && let Ok(nv) = http::HeaderValue::from_str(&s.replace(secret, MARK))
+        {
+            *v = nv;
+        }
+    }
+}
+
+/// Replaces every occurrence of `secret` in `buf`; returns the text to emit now and the
+/// tail to hold back (a proper prefix of the secret at the end of `buf`).
+pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut out = Vec::with_capacity(buf.len());
+    let mut i = 0;
+    while i < buf.len() {
+        if !secret.is_empty() && buf[i..].starts_with(secret) {
+            out.extend_from_slice(MARK.as_bytes());
+            i += secret.len();
+        } else {
+            out.push(buf[i]);
+            i += 1;
+        }
+    }
+    // Hold back the longest suffix that is a proper prefix of the secret.
+    let max = secret.len().saturating_sub(1).min(out.len());
+    let hold = (1..=max).rev().find(|&n| out.ends_with(&secret[..n])).unwrap_or(0);
+    let tail = out.split_off(out.len() - hold);
+    (out, tail)
+}
+
+pub struct RedactBody<B> {
+    inner: B,
+    secret: Vec<u8>,
+    carry: BytesMut,
+    done: bool,
+}
+
+impl<B> RedactBody<B> {
+    pub fn new(inner: B, secret: &str) -> Self {
+        RedactBody { inner, secret: secret.as_bytes().to_vec(), carry: BytesMut::new(), done: false }
+    }
+}
+
+impl<B> Body for RedactBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    let mut buf = std::mem::take(&mut self.carry);
+                    buf.extend_from_slice(&data);
+                    let (out, tail) = scrub(&buf, &self.secret);
+                    self.carry = BytesMut::from(&tail[..]);
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
+                }
+                // Trailers: pass on.
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            Poll::Ready(None) => {
+                self.done = true;
+                if self.carry.is_empty() {
+                    Poll::Ready(None)
+                } else {
+                    let rest = std::mem::take(&mut self.carry).freeze();
+                    Poll::Ready(Some(Ok(Frame::data(rest))))
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrubs_across_chunks_and_holds_back_only_prefixes() {
+        let s = b"sk-secret-123";
+        let (out, tail) = scrub(b"echo sk-secret-123 done", s);
+        assert_eq!((out.as_slice(), tail.as_slice()), (&b"echo [REDACTED] done"[..], &b""[..]));
+        let (out, tail) = scrub(b"data: {}\n\n", s);
+        assert_eq!((out.as_slice(), tail.len()), (&b"data: {}\n\n"[..], 0), "SSE events are not delayed");
+        let (out, tail) = scrub(b"key=sk-sec", s);
+        assert_eq!((out.as_slice(), tail.as_slice()), (&b"key="[..], &b"sk-sec"[..]));
+        let mut joined = tail.clone();
+        joined.extend_from_slice(b"ret-123!");
+        let (out, tail) = scrub(&joined, s);
+        assert_eq!((out.as_slice(), tail.len()), (&b"[REDACTED]!"[..], 0));
+    }
+}

@@ -1,0 +1,248 @@
+//! Credential-injecting API routes and listener admission, end to end: a local HTTPS
+//! upstream (test CA) that records headers and streams server-sent events.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use support::raw::{self, status};
+use support::tls::TestCa;
+use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy};
+
+const SECRET: &str = "sk-live-0123456789abcdef";
+
+struct World {
+    gw: TestGateway,
+    api: TestOrigin,
+    secret_file: std::path::PathBuf,
+    _ca: TestCa,
+    _dir: tempfile::TempDir,
+}
+
+fn world(route_extra: &str) -> World {
+    let ca = TestCa::new(&["api.test"]);
+    let api = TestOrigin::https(&ca);
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("api.key");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let hosts = STANDARD_CONFIG.replace(
+        "\"mixed.test\" = [\"127.0.0.2\", \"127.0.0.1\"]",
+        "\"mixed.test\" = [\"127.0.0.2\", \"127.0.0.1\"]\n\"api.test\" = [\"127.0.0.1\"]",
+    );
+    // The route's upstream is verified against the test CA (github.ca_file is the extra
+    // CA for every upstream the gateway itself calls).
+    let config = format!(
+        "{hosts}\n[github]\nca_file = \"{ca}\"\n\n[[routes]]\nname = \"api\"\nupstream = \"https://api.test:{port}\"\ninject = {{ header = \"x-api-key\", secret_file = \"{secret}\" }}\n{route_extra}",
+        ca = ca.ca_pem_path.display(),
+        port = api.port(),
+        secret = secret_file.display(),
+    );
+    let policy = standard_policy()
+        .replace("deny = [\"blocked.origin.test\"]", "deny = [\"blocked.origin.test\"]\nroutes = [\"api\"]");
+    let gw = TestGateway::start(&config, &policy);
+    World { gw, api, secret_file, _ca: ca, _dir: dir }
+}
+
+fn header<'a>(r: &'a support::origin::Recorded, name: &str) -> Option<&'a str> {
+    r.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn origin_form_injects_the_key_and_strips_the_sandboxs() {
+    let w = world("");
+    // Connection: close, so the whole (chunked) body is read.
+    let resp = raw::exchange(
+        w.gw.addr,
+        format!(
+            "POST /routes/api/echo?x=1 HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\nx-api-key: forged-by-client\r\nanthropic-version: 2023-06-01\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    let rec = &w.api.recorded()[0];
+    assert_eq!(rec.uri, "/echo?x=1");
+    assert_eq!(header(rec, "x-api-key"), Some(SECRET), "the gateway's key replaces the client's");
+    assert_eq!(header(rec, "anthropic-version"), Some("2023-06-01"));
+    let all = format!("{:?}", rec.headers);
+    assert!(
+        !all.contains(TOKEN_A) && !all.contains("forged-by-client") && header(rec, "authorization").is_none(),
+        "{all}"
+    );
+    // The upstream echoed the key back: the sandbox sees it redacted.
+    assert!(!resp.contains(SECRET), "{resp}");
+    assert!(resp.contains("[REDACTED]"), "{resp}");
+    // An SDK that sends ID:TOKEN as its API key works too.
+    let resp = raw::request(
+        w.gw.addr,
+        format!("GET /routes/api/echo HTTP/1.1\r\nHost: gw\r\nx-api-key: sbx-a:{TOKEN_A}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    assert_eq!(header(&w.api.recorded()[1], "x-api-key"), Some(SECRET));
+    assert!(!w.gw.log_text().contains(SECRET) && !w.gw.log_text().contains(TOKEN_A));
+}
+
+#[test]
+fn absolute_form_is_upgraded_to_https() {
+    let w = world("");
+    let out = curl(&["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), &format!("http://api.test:{}/echo", w.api.port())]);
+    assert_eq!(out.status, 200, "{out:?}");
+    assert_eq!(header(&w.api.recorded()[0], "x-api-key"), Some(SECRET));
+    let rec = w.gw.access_for("route:api");
+    assert_eq!(rec["decision"], "allow");
+}
+
+#[test]
+fn policies_paths_methods_and_budgets() {
+    let w = world("paths = [\"/echo\", \"/sse/\"]\nmethods = [\"GET\", \"POST\"]\nsandbox_requests_per_minute = 3\n");
+    let get = |path: &str, user: &str, token: &str, method: &str| {
+        raw::request(
+            w.gw.addr,
+            format!(
+                "{method} /routes/api{path} HTTP/1.1\r\nHost: gw\r\nAuthorization: {}\r\nContent-Length: 0\r\n\r\n",
+                basic(user, token)
+            )
+            .as_bytes(),
+        )
+    };
+    let resp = get("/echo", "sbx-b", TOKEN_B, "GET");
+    assert_eq!(status(&resp), 403, "{resp}");
+    assert!(resp.contains("does not list route"), "{resp}");
+    let resp = get("/bytes/10", "sbx-a", TOKEN_A, "GET");
+    assert_eq!(status(&resp), 403);
+    assert!(resp.contains("path /bytes/10 is not allowed"), "{resp}");
+    let resp = get("/echo", "sbx-a", TOKEN_A, "DELETE");
+    assert_eq!(status(&resp), 403);
+    assert!(resp.contains("method DELETE"), "{resp}");
+    let resp = get("/echo/../bytes/1", "sbx-a", TOKEN_A, "GET");
+    assert_ne!(status(&resp), 200);
+    // Budget: 3 per minute, and 3 of them are left (refusals before the budget do not count).
+    for _ in 0..3 {
+        assert_eq!(status(&get("/echo", "sbx-a", TOKEN_A, "GET")), 200);
+    }
+    let resp = get("/echo", "sbx-a", TOKEN_A, "GET");
+    assert_eq!(status(&resp), 429, "{resp}");
+    assert!(resp.contains("limit_exceeded"));
+    let resp = raw::request(w.gw.addr, b"GET /routes/api/echo HTTP/1.1\r\nHost: gw\r\n\r\n");
+    assert_eq!(status(&resp), 401, "no credentials: challenge");
+    assert_eq!(w.api.recorded().len(), 3);
+}
+
+#[test]
+fn server_sent_events_stream_as_produced() {
+    let w = world("");
+    let mut s = raw::connect(w.gw.addr);
+    s.write_all(
+        format!("GET /routes/api/sse/5/300 HTTP/1.1\r\nHost: gw\r\nAuthorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A))
+            .as_bytes(),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let head = raw::read_head(&mut s);
+    assert_eq!(status(&head), 200, "{head}");
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    while !seen.contains("data: 4") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0);
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let first_event = started.elapsed();
+    assert!(first_event < Duration::from_millis(900), "first event after {first_event:?}: buffered?");
+}
+
+#[test]
+fn secrets_rotate_on_reload() {
+    let w = world("");
+    let call = || {
+        raw::request(
+            w.gw.addr,
+            format!("GET /routes/api/echo HTTP/1.1\r\nHost: gw\r\nAuthorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A))
+                .as_bytes(),
+        )
+    };
+    assert_eq!(status(&call()), 200);
+    std::fs::write(&w.secret_file, "sk-live-rotated-9999\n").unwrap();
+    w.gw.signal("HUP");
+    w.gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded");
+    assert_eq!(status(&call()), 200);
+    let recs = w.api.recorded();
+    assert_eq!(header(&recs[0], "x-api-key"), Some(SECRET));
+    assert_eq!(header(&recs[1], "x-api-key"), Some("sk-live-rotated-9999"));
+}
+
+fn connect_from(source: &str, to: std::net::SocketAddr) -> std::net::TcpStream {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&format!("{source}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    sock.connect(&to.into()).unwrap();
+    let s: std::net::TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+#[test]
+fn clients_outside_allowed_clients_are_closed() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nallowed_clients = [\"127.0.0.1/32\"]\n");
+    let gw = TestGateway::start(&config, &standard_policy());
+    let req = format!(
+        "GET http://origin.test:{}/echo HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    let mut outside = connect_from("127.0.0.2", gw.addr);
+    let _ = outside.write_all(req.as_bytes());
+    let mut b = [0u8; 16];
+    assert!(matches!(outside.read(&mut b), Ok(0) | Err(_)), "closed before anything is answered");
+    let mut inside = connect_from("127.0.0.1", gw.addr);
+    inside.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_response(&mut inside)), 200);
+    assert_eq!(origin.recorded().len(), 1);
+}
+
+#[test]
+fn mutual_tls_with_curl() {
+    let origin_ca = TestCa::new(&["tls.test"]);
+    let origin = TestOrigin::https(&origin_ca);
+    let proxy_ca = TestCa::with_client(&["127.0.0.1"], "sbx-a");
+    let other_ca = TestCa::with_client(&["127.0.0.1"], "sbx-a");
+    let config = STANDARD_CONFIG.replace(
+        "[proxy]\n",
+        &format!(
+            "[proxy]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\ntls_client_ca = \"{}\"\ntls_client_cn_is_sandbox = true\n",
+            proxy_ca.cert_pem_path.display(),
+            proxy_ca.key_pem_path.display(),
+            proxy_ca.ca_pem_path.display()
+        ),
+    );
+    let gw = TestGateway::start(&config, &standard_policy());
+    let url = format!("https://tls.test:{}/echo", origin.port());
+    let base = |user: &str, token: &str, cert: Option<&TestCa>| {
+        let proxy = format!("https://{user}:{token}@127.0.0.1:{}", gw.addr.port());
+        let mut args = vec![
+            "--proxy".to_string(),
+            proxy,
+            "--proxy-cacert".into(),
+            proxy_ca.ca_pem_path.display().to_string(),
+            "--cacert".into(),
+            origin_ca.ca_pem_path.display().to_string(),
+        ];
+        if let Some(c) = cert {
+            args.extend(["--proxy-cert".into(), c.client_cert_path.display().to_string()]);
+            args.extend(["--proxy-key".into(), c.client_key_path.display().to_string()]);
+        }
+        args.push(url.clone());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        curl(&refs)
+    };
+    let out = base("sbx-a", TOKEN_A, Some(&proxy_ca));
+    assert_eq!((out.connect_status, out.status), (200, 200), "{out:?}");
+    let out = base("sbx-a", TOKEN_A, None);
+    assert_ne!(out.exit, 0, "no client certificate: no handshake");
+    let out = base("sbx-a", TOKEN_A, Some(&other_ca));
+    assert_ne!(out.exit, 0, "a certificate from another CA is refused");
+    // The certificate names sbx-a; sbx-r's own token does not go with it.
+    let out = base("sbx-r", TOKEN_B, Some(&proxy_ca));
+    assert_eq!(out.connect_status, 407, "{out:?}");
+}
