@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod dns;
 pub mod dryrun;
+pub mod fuzzing;
 pub mod gateway;
 pub mod git;
 pub mod metrics;

@@ -225,7 +225,7 @@ async fn tcp_connection(stream: TcpStream, peer: SocketAddr, handler: &Handler, 
 
 /// The wire answer to one raw message; `None` means no answer (too short to carry a
 /// header, a response message (no reflection), or a dropped query).
-async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, handler: &Handler) -> Option<Vec<u8>> {
+pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, handler: &Handler) -> Option<Vec<u8>> {
     if raw.len() < 12 || raw[2] & 0x80 != 0 {
         return None;
     }

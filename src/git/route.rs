@@ -69,8 +69,8 @@ fn owner_ok(s: &str) -> bool {
 
 fn repo_ok(s: &str) -> bool {
     (1..=100).contains(&s.len())
+        && !s.contains("..")
         && s != "."
-        && s != ".."
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
@@ -151,6 +151,8 @@ mod tests {
             ("GET", "/acme/wídgets/info/refs", Some("service=git-upload-pack")),
             ("GET", "/ac_me/widgets/info/refs", Some("service=git-upload-pack")),
             ("GET", "/acme/widgets", None),
+            // Found by the git_route fuzzer: '..' inside a repository name.
+            ("POST", "/acme/wiei..its.gi../git-receive-pack", None),
             ("POST", "/acme/widgets.git/git-upload-pack", Some("x")),
         ];
         for (m, p, q) in cases {

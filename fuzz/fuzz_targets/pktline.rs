@@ -1,0 +1,4 @@
+#![no_main]
+//! Thin shim: the property lives in egress_gateway::fuzzing::pktline, which the corpus
+//! replay in `cargo test` also runs.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| egress_gateway::fuzzing::pktline(data));
