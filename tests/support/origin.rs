@@ -206,6 +206,13 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         let body = SlowBody { remaining: chunks, every: Duration::from_millis(ms), sleep: None, sse: false };
         return Response::new(body.boxed());
     }
+    if path == "/redirect" {
+        return Response::builder()
+            .status(StatusCode::FOUND)
+            .header("location", "http://169.254.169.254/latest/meta-data/")
+            .body(full("moved"))
+            .expect("response");
+    }
     if let Some(ms) = path.strip_prefix("/sleep/") {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
         return Response::new(full("slept"));
