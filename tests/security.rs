@@ -103,10 +103,7 @@ fn secrets_never_appear_in_error_bodies_or_logs() {
         ),
     ];
     for r in &requests {
-        let resp = raw::exchange(
-            gw.addr,
-            format!("{}", r.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1)).as_bytes(),
-        );
+        let resp = raw::exchange(gw.addr, r.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1).as_bytes());
         assert!(!resp.contains(TOKEN_A) && !resp.contains("guess-1234"), "{resp}");
     }
     std::thread::sleep(Duration::from_millis(200));
