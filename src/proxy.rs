@@ -101,15 +101,15 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
     } else if req.uri().scheme_str() == Some("http")
         && req.uri().host().is_some_and(|h| h.eq_ignore_ascii_case(gh_host))
     {
-        crate::git::upstream::handle(req, conn, shared, state, crate::git::upstream::Entry::Absolute).await
+        crate::git::upstream::handle(req, conn, shared, state, Entry::Absolute).await
     } else if req.uri().scheme_str() == Some("http")
         && req.uri().host().is_some_and(|h| crate::routes::is_route_host(&shared.config.routes, h))
     {
-        crate::routes::handle(req, conn, shared, state, crate::routes::Entry::Absolute).await
+        crate::routes::handle(req, conn, shared, state, Entry::Absolute).await
     } else if req.uri().scheme().is_some() {
         forward::handle(req, conn, shared, state).await
     } else if req.uri().path().starts_with("/routes/") {
-        crate::routes::handle(req, conn, shared, state, crate::routes::Entry::Origin).await
+        crate::routes::handle(req, conn, shared, state, Entry::Origin).await
     } else if req
         .uri()
         .path()
@@ -117,7 +117,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
         .and_then(|p| p.strip_prefix(gh_host.as_str()))
         .is_some_and(|r| r.starts_with('/'))
     {
-        crate::git::upstream::handle(req, conn, shared, state, crate::git::upstream::Entry::Origin).await
+        crate::git::upstream::handle(req, conn, shared, state, Entry::Origin).await
     } else {
         let mut rec = AccessRecord::with_vpce(
             Kind::Forward,
@@ -158,6 +158,90 @@ pub fn check_binding(identity: &auth::Identity, conn: &ConnInfo) -> Result<(), a
         return Err(auth::AuthError::WrongCertificate);
     }
     Ok(())
+}
+
+/// What a request that passed identification, policy and limits carries on.
+pub struct Authorized {
+    pub identity: auth::Identity,
+    pub subject: crate::dryrun::Subject,
+    /// The sandbox's concurrency slot, held for the life of the request or tunnel.
+    pub permit: limits::Permit,
+}
+
+/// The shared front of CONNECT and forwarding: identify the sandbox, decide the target
+/// (and under shadow policies), take a per-sandbox slot. Every refusal is recorded and
+/// answered here.
+fn authorize(
+    rec: &mut AccessRecord,
+    state: &State,
+    req: &Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Shared,
+    target: &crate::addr::Target,
+) -> Result<Authorized, Box<Response<ProxyBody>>> {
+    let identity = match identify(state, req, conn) {
+        Ok(s) => s,
+        Err(e @ (auth::AuthError::WrongNetwork | auth::AuthError::WrongCertificate)) => {
+            return Err(Box::new(reject(rec, e.reason(), &e.to_string())));
+        }
+        Err(e) => return Err(Box::new(reject(rec, e.reason(), AUTH_HINT))),
+    };
+    let decision = identity.policy.decide(target);
+    record_decision(rec, &identity, &decision);
+    let subject = crate::dryrun::Subject::Host(target.clone());
+    shadow_compare(rec, state, &identity.sandbox, &subject);
+    if !decision.permits() {
+        let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
+        return Err(Box::new(deny_by_policy(rec, &identity.policy, &subject, &decision, reason)));
+    }
+    let permit = match shared.limits.acquire(&identity.sandbox) {
+        Ok(p) => p,
+        Err(e) => return Err(Box::new(reject(rec, DenyReason::LimitExceeded, &e.to_string()))),
+    };
+    Ok(Authorized { identity, subject, permit })
+}
+
+/// How a request reached a route that the gateway answers for itself (git, API).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// Origin-form on the gateway itself: credentials may come in `Authorization`
+    /// (after a 401 challenge).
+    Origin,
+    /// Absolute-form through the proxy: `Proxy-Authorization`.
+    Absolute,
+}
+
+/// Records and answers a refusal on a route: like [`reject`], with an optional status
+/// override, and on the origin-form entry `401` + `WWW-Authenticate` instead of `407`,
+/// so clients that are not talking to a proxy (git, SDKs) send credentials.
+pub fn deny_route(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    status: Option<http::StatusCode>,
+    hint: &str,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    use http::header::{HeaderValue, PROXY_AUTHENTICATE, WWW_AUTHENTICATE};
+    let mut resp = respond::deny(
+        reason,
+        &Denial {
+            target: Some(&rec.target),
+            sandbox: rec.sandbox.as_deref(),
+            policy: rec.policy.as_deref(),
+            rule: rec.rule.as_deref(),
+            hint: Some(hint.to_string()),
+        },
+    );
+    if let Some(s) = status {
+        *resp.status_mut() = s;
+    }
+    if entry == Entry::Origin && resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
+        resp.headers_mut().remove(PROXY_AUTHENTICATE);
+        resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
+    }
+    let rule = rec.rule.clone();
+    finish(rec, reason, rule, resp)
 }
 
 /// Records and answers a denial that happened before a sandbox was known, or for a

@@ -23,11 +23,8 @@ use crate::config::RouteConfig;
 use crate::policy::DenyReason;
 use crate::proxy::bodies::{Counting, IdleBody};
 use crate::proxy::limits::SandboxLimits;
-use crate::proxy::respond::{self, Denial};
-use crate::proxy::{ConnInfo, ProxyBody, Shared, upstream::UpstreamAddr};
+use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
 use crate::reload::State;
-
-pub use crate::git::upstream::Entry;
 
 pub type RouteClient = hyper_util::client::legacy::Client<crate::upstream_tls::HttpsConnector, ProxyBody>;
 
@@ -276,36 +273,4 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
         }
         to.append(k.clone(), v.clone());
     }
-}
-
-fn finish(
-    rec: &mut AccessRecord,
-    reason: DenyReason,
-    status: Option<StatusCode>,
-    hint: &str,
-    entry: Entry,
-) -> Response<ProxyBody> {
-    let mut resp = respond::deny(
-        reason,
-        &Denial {
-            target: Some(&rec.target),
-            sandbox: rec.sandbox.as_deref(),
-            policy: rec.policy.as_deref(),
-            rule: rec.rule.as_deref(),
-            hint: Some(hint.to_string()),
-        },
-    );
-    if let Some(s) = status {
-        *resp.status_mut() = s;
-    }
-    if entry == Entry::Origin && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
-        *resp.status_mut() = StatusCode::UNAUTHORIZED;
-        resp.headers_mut().remove(header::PROXY_AUTHENTICATE);
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
-    }
-    rec.decision = "deny";
-    rec.reason = Some(reason.code());
-    rec.status = resp.status().as_u16();
-    rec.emit();
-    resp
 }

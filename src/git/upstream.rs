@@ -25,19 +25,8 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::auth::{self, AuthError};
 use crate::policy::DenyReason;
 use crate::proxy::bodies::{Counting, IdleBody};
-use crate::proxy::respond::{self, Denial};
-use crate::proxy::{ConnInfo, ProxyBody, Shared, upstream::UpstreamAddr};
+use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
 use crate::reload::State;
-
-/// How the request reached the route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    /// `http://gateway:4002/github.com/OWNER/REPO...`: credentials in `Authorization`
-    /// (after a 401 challenge), or `Proxy-Authorization`.
-    Origin,
-    /// `GET http://github.com/OWNER/REPO...` through the proxy: `Proxy-Authorization`.
-    Absolute,
-}
 
 /// Longest push command list read ahead of the pack.
 const MAX_COMMANDS_BYTES: usize = 256 * 1024;
@@ -232,40 +221,6 @@ fn copy_git_headers(from: &HeaderMap, to: &mut HeaderMap) {
             to.append(name, v.clone());
         }
     }
-}
-
-/// Records and answers a git-route refusal. Auth failures on the origin-form entry
-/// get `401` + `WWW-Authenticate`, so git asks for (or sends) credentials.
-fn finish(
-    rec: &mut AccessRecord,
-    reason: DenyReason,
-    status: Option<StatusCode>,
-    hint: &str,
-    entry: Entry,
-) -> Response<ProxyBody> {
-    let mut resp = respond::deny(
-        reason,
-        &Denial {
-            target: Some(&rec.target),
-            sandbox: rec.sandbox.as_deref(),
-            policy: rec.policy.as_deref(),
-            rule: rec.rule.as_deref(),
-            hint: Some(hint.to_string()),
-        },
-    );
-    if let Some(s) = status {
-        *resp.status_mut() = s;
-    }
-    if entry == Entry::Origin && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
-        *resp.status_mut() = StatusCode::UNAUTHORIZED;
-        resp.headers_mut().remove(header::PROXY_AUTHENTICATE);
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
-    }
-    rec.decision = "deny";
-    rec.reason = Some(reason.code());
-    rec.status = resp.status().as_u16();
-    rec.emit();
-    resp
 }
 
 /// Reads the push command list (through its flush packet) off the front of `body`,

@@ -7,7 +7,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::{ConnInfo, ProxyBody, Shared, deny_by_policy, identify, record_decision, reject, respond, tunnel};
+use super::{ConnInfo, ProxyBody, Shared, reject, respond, tunnel};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr;
 use crate::policy::DenyReason;
@@ -46,25 +46,11 @@ pub async fn handle(
     };
     rec.target = target.to_string();
 
-    let sandbox = match identify(&state, &req, conn) {
-        Ok(s) => s,
-        Err(e @ (crate::auth::AuthError::WrongNetwork | crate::auth::AuthError::WrongCertificate)) => {
-            return reject(&mut rec, e.reason(), &e.to_string());
-        }
-        Err(e) => return reject(&mut rec, e.reason(), super::AUTH_HINT),
-    };
-    let decision = sandbox.policy.decide(&target);
-    record_decision(&mut rec, &sandbox, &decision);
-    let subject = crate::dryrun::Subject::Host(target.clone());
-    super::shadow_compare(&mut rec, &state, &sandbox.sandbox, &subject);
-    if !decision.permits() {
-        let reason = decision.reason().unwrap_or(DenyReason::HostNotAllowed);
-        return deny_by_policy(&mut rec, &sandbox.policy, &subject, &decision, reason);
-    }
-    let permit = match shared.limits.acquire(&sandbox.sandbox) {
-        Ok(p) => p,
-        Err(e) => return reject(&mut rec, DenyReason::LimitExceeded, &e.to_string()),
-    };
+    let super::Authorized { identity: sandbox, subject, permit } =
+        match super::authorize(&mut rec, &state, &req, conn, shared, &target) {
+            Ok(a) => a,
+            Err(resp) => return *resp,
+        };
 
     let (upstream, upstream_addr) = match shared.resolver.dial(&target).await {
         Ok(ok) => ok,
