@@ -32,7 +32,9 @@ fn decisions(c: &mut Criterion) {
         ];
         for (name, t) in cases {
             let target = parse_authority(t, None).unwrap_or_else(|e| unreachable!("{e}"));
-            g.bench_with_input(BenchmarkId::new(name, n), &target, |b, t| b.iter(|| black_box(p.decide(black_box(t)).permits())));
+            g.bench_with_input(BenchmarkId::new(name, n), &target, |b, t| {
+                b.iter(|| black_box(p.decide(black_box(t)).permits()))
+            });
         }
     }
     g.finish();
@@ -40,7 +42,9 @@ fn decisions(c: &mut Criterion) {
 
 fn parsing(c: &mut Criterion) {
     let mut g = c.benchmark_group("parse_authority");
-    for (name, s) in [("hostname", "files.pythonhosted.org:443"), ("ipv4", "203.0.113.7:8443"), ("idna", "bücher.example:443")] {
+    for (name, s) in
+        [("hostname", "files.pythonhosted.org:443"), ("ipv4", "203.0.113.7:8443"), ("idna", "bücher.example:443")]
+    {
         g.bench_function(name, |b| b.iter(|| black_box(parse_authority(black_box(s), None).is_ok())));
     }
     g.finish();
