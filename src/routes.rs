@@ -26,7 +26,7 @@ use crate::proxy::limits::SandboxLimits;
 use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
 use crate::reload::State;
 
-pub type RouteClient = hyper_util::client::legacy::Client<crate::upstream_tls::HttpsConnector, ProxyBody>;
+pub type RouteClient = crate::upstream_tls::HttpsClient;
 
 pub struct Routes {
     pub client: RouteClient,
@@ -186,16 +186,9 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = shared.config.proxy.response_header_timeout;
-    let resp = match tokio::time::timeout(timeout, route_shared.client.request(up)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            let (reason, detail) = match crate::proxy::upstream::dial_error(&e) {
-                Some(d) => (d.reason(), d.to_string()),
-                None => (DenyReason::UpstreamUnreachable, "the API could not be reached".to_string()),
-            };
-            return finish(&mut rec, reason, None, &detail, entry);
-        }
-        Err(_) => return finish(&mut rec, DenyReason::UpstreamTimeout, None, "the API did not answer in time", entry),
+    let resp = match crate::upstream_tls::send(&route_shared.client, up, timeout, "the API").await {
+        Ok(r) => r,
+        Err((reason, detail)) => return finish(&mut rec, reason, None, &detail, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     rec.status = resp.status().as_u16();

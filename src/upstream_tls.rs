@@ -19,6 +19,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::addr;
+use crate::policy::DenyReason;
+use crate::proxy::ProxyBody;
 use crate::proxy::upstream::UpstreamAddr;
 use crate::resolve::{DialError, Resolver};
 
@@ -130,5 +132,26 @@ impl Write for Stream {
             Stream::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+/// The client the git route and the API routes send with.
+pub type HttpsClient = hyper_util::client::legacy::Client<HttpsConnector, ProxyBody>;
+
+/// Sends `req` and waits up to `timeout` for the response headers. A failure maps to a
+/// deny reason and a detail that names the upstream as `what`.
+pub async fn send(
+    client: &HttpsClient,
+    req: http::Request<ProxyBody>,
+    timeout: std::time::Duration,
+    what: &str,
+) -> Result<http::Response<hyper::body::Incoming>, (DenyReason, String)> {
+    match tokio::time::timeout(timeout, client.request(req)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(match crate::proxy::upstream::dial_error(&e) {
+            Some(d) => (d.reason(), d.to_string()),
+            None => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
+        }),
+        Err(_) => Err((DenyReason::UpstreamTimeout, format!("{what} did not answer in time"))),
     }
 }

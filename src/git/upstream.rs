@@ -31,7 +31,7 @@ use crate::reload::State;
 /// Longest push command list read ahead of the pack.
 const MAX_COMMANDS_BYTES: usize = 256 * 1024;
 
-pub type GitClient = hyper_util::client::legacy::Client<crate::upstream_tls::HttpsConnector, ProxyBody>;
+pub type GitClient = crate::upstream_tls::HttpsClient;
 
 /// The route's upstream machinery, built at start-up.
 pub struct GitRoute {
@@ -161,16 +161,9 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = shared.config.proxy.response_header_timeout;
-    let resp = match tokio::time::timeout(timeout, route.client.request(up)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            let (reason, detail) = match crate::proxy::upstream::dial_error(&e) {
-                Some(d) => (d.reason(), d.to_string()),
-                None => (DenyReason::UpstreamUnreachable, "GitHub could not be reached".to_string()),
-            };
-            return finish(&mut rec, reason, None, &detail, entry);
-        }
-        Err(_) => return finish(&mut rec, DenyReason::UpstreamTimeout, None, "GitHub did not answer in time", entry),
+    let resp = match crate::upstream_tls::send(&route.client, up, timeout, "GitHub").await {
+        Ok(r) => r,
+        Err((reason, detail)) => return finish(&mut rec, reason, None, &detail, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     if is_credential_refusal(resp.status()) {
