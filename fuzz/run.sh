@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every fuzz target (or those named) for SECONDS_PER_TARGET seconds (default 600),
 # two at a time, with the committed corpus as seed; new inputs and crashes land in
-# fuzz/corpus/<target>/ and fuzz/artifacts/<target>/. Needs the nightly toolchain and
+# fuzz/corpus/<target>/ and fuzz/artifacts/<target>/. JOBS (default 2) sets how many
+# targets run at once. Needs the nightly toolchain and
 # cargo-fuzz (cargo install cargo-fuzz).
 #
 #   bash fuzz/run.sh                       # all targets, 10 minutes each
@@ -9,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 T=${SECONDS_PER_TARGET:-600}
+JOBS=${JOBS:-2}
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
 cargo +nightly fuzz build >/dev/null
@@ -20,8 +22,9 @@ run() {
   echo "$t: $execs execs in ${T}s, $crash crash artifacts"
 }
 mkdir -p logs
-for ((i = 0; i < ${#targets[@]}; i += 2)); do
-  run "${targets[$i]}" &
-  [ $((i + 1)) -lt ${#targets[@]} ] && run "${targets[$((i + 1))]}" &
+for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
+  for ((j = i; j < i + JOBS && j < ${#targets[@]}; j++)); do
+    run "${targets[$j]}" &
+  done
   wait
 done

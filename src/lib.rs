@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod git;
 pub mod metrics;
+pub mod os;
 pub mod policy;
 pub mod proxy;
 pub mod reload;

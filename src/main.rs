@@ -100,6 +100,13 @@ fn serve(path: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>)
         cfg.proxy.listen = l;
     }
     telemetry::init(&cfg.log).map_err(anyhow::Error::msg)?;
+    if let Some(limit) = egress_gateway::os::raise_fd_limit() {
+        // Each connection or tunnel holds up to two descriptors.
+        let needed = 2 * cfg.proxy.max_connections as u64 + 256;
+        if limit < needed {
+            tracing::warn!(limit, needed, "descriptor limit below 2 x proxy.max_connections; raise `ulimit -n`");
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let gateway = Gateway::bind(cfg).await?;

@@ -13,6 +13,7 @@ pub mod server;
 pub mod tls;
 pub mod tunnel;
 pub mod upstream;
+pub mod zero_copy;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,10 +2,14 @@
 //! answer `200` and relay bytes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 
 use super::{ConnInfo, ProxyBody, Shared, reject, respond, tunnel};
 use crate::access_log::{AccessRecord, Kind, raw_target};
@@ -73,7 +77,7 @@ pub async fn handle(
         let _registered = task_shared.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
         match on_upgrade.await {
             Ok(upgraded) => {
-                let out = tunnel::relay(TokioIo::new(upgraded), upstream, idle, &cancel).await;
+                let out = relay(upgraded, upstream, idle, &cancel).await;
                 rec.bytes_up = out.up;
                 rec.bytes_down = out.down;
             }
@@ -84,4 +88,26 @@ pub async fn handle(
     let mut resp = Response::new(respond::empty());
     *resp.status_mut() = StatusCode::OK;
     resp
+}
+
+/// A plain-TCP client leg is taken back from hyper (dropping its buffers) and relayed
+/// socket to socket; a TLS client leg is relayed through buffers.
+async fn relay(
+    upgraded: hyper::upgrade::Upgraded,
+    mut upstream: TcpStream,
+    idle: Duration,
+    cancel: &CancellationToken,
+) -> tunnel::Outcome {
+    match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => {
+            // Bytes the client sent right behind the CONNECT head.
+            let early = parts.read_buf.len() as u64;
+            if early > 0 && upstream.write_all(&parts.read_buf).await.is_err() {
+                return tunnel::Outcome { up: 0, down: 0, end: tunnel::End::Error };
+            }
+            drop(parts.read_buf);
+            tunnel::relay_tcp(parts.io.into_inner(), upstream, early, idle, cancel).await
+        }
+        Err(upgraded) => tunnel::relay(TokioIo::new(upgraded), upstream, idle, cancel).await,
+    }
 }

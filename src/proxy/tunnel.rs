@@ -1,13 +1,17 @@
 //! Byte relay for CONNECT tunnels and upgraded connections: both directions at once,
 //! half-close propagated, an idle timeout over both directions, byte counts.
-//! One fixed buffer per direction for the tunnel's life; nothing allocated per chunk.
+//! TCP-to-TCP tunnels go through [`zero_copy`] (splice on Linux, nothing held while
+//! idle); other streams use one fixed buffer per direction for the tunnel's life.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use super::zero_copy;
 
 const BUF_SIZE: usize = 16 * 1024;
 
@@ -32,50 +36,89 @@ pub struct Outcome {
     pub end: End,
 }
 
-/// Relays between `client` and `upstream` until both close, the tunnel idles for
-/// `idle`, an error occurs, or `cancel` fires.
+/// Bytes and the time of the last one, shared by both directions and the watchdog.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+    up: AtomicU64,
+    down: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity { start: Instant::now(), last_ms: AtomicU64::new(0), up: AtomicU64::new(0), down: AtomicU64::new(0) }
+    }
+
+    fn touch(&self) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// Runs `copy_both` until it ends, the tunnel idles for `idle`, or `cancel` fires.
+    async fn supervise(&self, copy_both: impl Future<Output = End>, idle: Duration, cancel: &CancellationToken) -> Outcome {
+        let watchdog = async {
+            loop {
+                let deadline = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle;
+                if Instant::now() >= deadline {
+                    return End::Idle;
+                }
+                tokio::time::sleep_until(deadline).await;
+            }
+        };
+        let end = tokio::select! {
+            e = copy_both => e,
+            e = watchdog => e,
+            _ = cancel.cancelled() => End::Shutdown,
+        };
+        Outcome { up: self.up.load(Ordering::Relaxed), down: self.down.load(Ordering::Relaxed), end }
+    }
+}
+
+fn end_of(a: std::io::Result<()>, b: std::io::Result<()>) -> End {
+    if a.is_ok() && b.is_ok() { End::Closed } else { End::Error }
+}
+
+/// Relays between two TCP sockets (the CONNECT case): readiness-driven, zero-copy on
+/// Linux, and holding no buffer while idle. `up_already` bytes were sent upstream
+/// before the relay started (request bytes the client pipelined after CONNECT).
+pub async fn relay_tcp(
+    client: TcpStream,
+    upstream: TcpStream,
+    up_already: u64,
+    idle: Duration,
+    cancel: &CancellationToken,
+) -> Outcome {
+    let activity = Activity::new();
+    activity.up.store(up_already, Ordering::Relaxed);
+    let copy_both = async {
+        let a = zero_copy::one_way(&client, &upstream, &activity.up, || activity.touch());
+        let b = zero_copy::one_way(&upstream, &client, &activity.down, || activity.touch());
+        let (ra, rb) = tokio::join!(a, b);
+        end_of(ra, rb)
+    };
+    activity.supervise(copy_both, idle, cancel).await
+}
+
+/// Relays between any two byte streams (TLS client legs, upgraded HTTP connections)
+/// with one fixed buffer per direction.
 pub async fn relay<C, U>(client: C, upstream: U, idle: Duration, cancel: &CancellationToken) -> Outcome
 where
     C: AsyncRead + AsyncWrite,
     U: AsyncRead + AsyncWrite,
 {
-    let start = Instant::now();
-    let last_activity = AtomicU64::new(0);
-    let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+    let activity = Activity::new();
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = tokio::io::split(upstream);
-
     let copy_both = async {
-        let a = one_way(&mut cr, &mut uw, &up, &last_activity, start);
-        let b = one_way(&mut ur, &mut cw, &down, &last_activity, start);
+        let a = one_way(&mut cr, &mut uw, &activity.up, || activity.touch());
+        let b = one_way(&mut ur, &mut cw, &activity.down, || activity.touch());
         let (ra, rb) = tokio::join!(a, b);
-        if ra.is_ok() && rb.is_ok() { End::Closed } else { End::Error }
+        end_of(ra, rb)
     };
-    let watchdog = async {
-        loop {
-            let last = Duration::from_millis(last_activity.load(Ordering::Relaxed));
-            let deadline = start + last + idle;
-            if Instant::now() >= deadline {
-                return End::Idle;
-            }
-            tokio::time::sleep_until(deadline).await;
-        }
-    };
-    let end = tokio::select! {
-        e = copy_both => e,
-        e = watchdog => e,
-        _ = cancel.cancelled() => End::Shutdown,
-    };
-    Outcome { up: up.load(Ordering::Relaxed), down: down.load(Ordering::Relaxed), end }
+    activity.supervise(copy_both, idle, cancel).await
 }
 
-async fn one_way<R, W>(
-    r: &mut R,
-    w: &mut W,
-    count: &AtomicU64,
-    last_activity: &AtomicU64,
-    start: Instant,
-) -> std::io::Result<()>
+async fn one_way<R, W>(r: &mut R, w: &mut W, count: &AtomicU64, on_bytes: impl Fn()) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -90,8 +133,7 @@ where
         }
         w.write_all(&buf[..n]).await?;
         count.fetch_add(n as u64, Ordering::Relaxed);
-        let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        last_activity.store(now, Ordering::Relaxed);
+        on_bytes();
     }
 }
 

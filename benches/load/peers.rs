@@ -1,0 +1,254 @@
+//! The proxies under test, each configured for the same job: basic auth with one
+//! credential, only 127.0.0.1 allowed as a destination, no cache, access logging on.
+//! Also the process-tree accounting (CPU seconds, resident memory) the bench reads.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+pub const USER: &str = "bench";
+pub const TOKEN: &str = "bench-token-0123456789abcdef";
+
+pub struct Proxy {
+    pub name: &'static str,
+    /// `None`: direct connections to the origin.
+    pub addr: Option<SocketAddr>,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("proxy exited with {status}: {}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        assert!(Instant::now() < deadline, "proxy did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn spawn(name: &'static str, cmd: &mut Command, port: u16, log: &Path) -> Proxy {
+    let err = std::fs::File::create(log).unwrap();
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err).spawn().unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_listening(addr, &mut child, log);
+    Proxy { name, addr: Some(addr), child: Some(child) }
+}
+
+fn dir(work: &Path, name: &str) -> std::path::PathBuf {
+    let d = work.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    // Squid and tinyproxy drop privileges when started as root.
+    let _ = Command::new("chmod").arg("-R").arg("a+rwx").arg(work).status();
+    d
+}
+
+impl Proxy {
+    pub fn gateway(work: &Path, _o: &super::origin::Origins) -> Proxy {
+        let d = dir(work, "gateway");
+        std::fs::create_dir_all(d.join("policy")).unwrap();
+        let port = free_port();
+        let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
+        std::fs::write(
+            d.join("policy/bench.toml"),
+            format!(
+                "[policies.bench]\nallow = [\"127.0.0.1:*\"]\n\n[[sandboxes]]\nid = \"{USER}\"\ntoken_sha256 = \"{hash}\"\npolicy = \"bench\"\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("gateway.toml"),
+            format!(
+                r#"[proxy]
+listen = "127.0.0.1:{port}"
+max_connections = 30000
+sandbox_max_concurrent = 0
+sandbox_max_per_second = 0
+[log]
+format = "json"
+level = "info"
+[policy]
+dir = "policy"
+watch_interval = "0s"
+[admin]
+listen = "127.0.0.1:0"
+[resolver]
+nameservers = ["127.0.0.1:9"]
+hosts_file = false
+[egress]
+allow = ["127.0.0.1/32"]
+"#
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-gateway"));
+        cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
+        spawn("gateway", &mut cmd, port, &d.join("gateway.log"))
+    }
+
+    pub fn squid(work: &Path, _o: &super::origin::Origins) -> Proxy {
+        let d = dir(work, "squid");
+        let port = free_port();
+        let out = Command::new("openssl").args(["passwd", "-apr1", TOKEN]).output().unwrap();
+        let hash = String::from_utf8(out.stdout).unwrap();
+        std::fs::write(d.join("passwd"), format!("{USER}:{}", hash.trim())).unwrap();
+        let p = d.display();
+        std::fs::write(
+            d.join("squid.conf"),
+            format!(
+                r#"http_port 127.0.0.1:{port}
+pid_filename {p}/squid.pid
+cache_log {p}/cache.log
+access_log stdio:{p}/access.log
+coredump_dir {p}
+netdb_filename none
+cache deny all
+max_filedescriptors 20000
+shutdown_lifetime 0 seconds
+dns_nameservers 127.0.0.1
+auth_param basic program /usr/lib/squid/basic_ncsa_auth {p}/passwd
+auth_param basic children 5 startup=5 idle=1
+acl authed proxy_auth REQUIRED
+acl allowed_dst dst 127.0.0.1/32
+http_access deny !authed
+http_access allow allowed_dst
+http_access deny all
+"#
+            ),
+        )
+        .unwrap();
+        let _ = Command::new("chmod").arg("-R").arg("a+rwx").arg(&d).status();
+        let mut cmd = Command::new("squid");
+        cmd.arg("-N").arg("-f").arg(d.join("squid.conf"));
+        spawn("squid", &mut cmd, port, &d.join("stderr.log"))
+    }
+
+    pub fn tinyproxy(work: &Path, _o: &super::origin::Origins) -> Proxy {
+        let d = dir(work, "tinyproxy");
+        let port = free_port();
+        let p = d.display();
+        std::fs::write(d.join("filter"), "127.0.0.1\n").unwrap();
+        std::fs::write(
+            d.join("tinyproxy.conf"),
+            format!(
+                r#"User nobody
+Group nogroup
+Port {port}
+Listen 127.0.0.1
+Timeout 600
+LogFile "{p}/tinyproxy.log"
+LogLevel Info
+PidFile "{p}/tinyproxy.pid"
+MaxClients 20000
+BasicAuth {USER} {TOKEN}
+Filter "{p}/filter"
+FilterType fnmatch
+FilterDefaultDeny Yes
+DisableViaHeader Yes
+"#
+            ),
+        )
+        .unwrap();
+        let _ = Command::new("chmod").arg("-R").arg("a+rwx").arg(&d).status();
+        let mut cmd = Command::new("tinyproxy");
+        cmd.arg("-d").arg("-c").arg(d.join("tinyproxy.conf"));
+        spawn("tinyproxy", &mut cmd, port, &d.join("stderr.log"))
+    }
+
+    pub fn direct() -> Proxy {
+        Proxy { name: "direct", addr: None, child: None }
+    }
+
+    /// The same proxy's address without ownership of its process, for client tasks.
+    pub fn handle(&self) -> Proxy {
+        Proxy { name: self.name, addr: self.addr, child: None }
+    }
+
+    pub fn is_proxy(&self) -> bool {
+        self.addr.is_some()
+    }
+
+    /// `Proxy-Authorization` value for the bench credential.
+    pub fn auth(&self) -> String {
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{TOKEN}")))
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        let Some(child) = &self.child else { return Vec::new() };
+        process_tree(child.id())
+    }
+
+    /// User plus system CPU seconds of the proxy and its children (helpers, workers).
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pids = self.pids();
+        if pids.is_empty() {
+            return None;
+        }
+        let ticks: u64 = pids.iter().filter_map(|p| stat_fields(*p)).map(|f| f.utime + f.stime).sum();
+        Some(ticks as f64 / 100.0)
+    }
+
+    /// Resident memory of the proxy and its children, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        self.pids()
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+            .filter_map(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+            })
+            .sum()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            for p in process_tree(child.id()).into_iter().rev() {
+                let _ = Command::new("kill").arg("-9").arg(p.to_string()).status();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+struct Stat {
+    ppid: u32,
+    utime: u64,
+    stime: u64,
+}
+
+fn stat_fields(pid: u32) -> Option<Stat> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name, which may contain spaces.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat { ppid: f.get(1)?.parse().ok()?, utime: f.get(11)?.parse().ok()?, stime: f.get(12)?.parse().ok()? })
+}
+
+/// `root` and every descendant.
+fn process_tree(root: u32) -> Vec<u32> {
+    let all: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| Some((pid, stat_fields(pid)?.ppid)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        out.extend(all.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    out
+}
