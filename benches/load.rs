@@ -12,12 +12,12 @@
 //! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,direct).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, reason = "bench output")]
 
+#[path = "load/client.rs"]
+mod client;
 #[path = "load/origin.rs"]
 mod origin;
 #[path = "load/peers.rs"]
 mod peers;
-#[path = "load/client.rs"]
-mod client;
 
 use std::time::Duration;
 
@@ -79,7 +79,10 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
     let mut row = Row::default();
     let setups = client::connect_setups(p, o.http, 32, secs).await;
     (row.setups, row.setup_p50, row.setup_p99) = (setups.rate, setups.p50, setups.p99);
-    eprintln!("  CONNECT setups: {:.0}/s p50 {:?} p99 {:?} ({} errors)", setups.rate, setups.p50, setups.p99, setups.errors);
+    eprintln!(
+        "  CONNECT setups: {:.0}/s p50 {:?} p99 {:?} ({} errors)",
+        setups.rate, setups.p50, setups.p99, setups.errors
+    );
 
     let ka = client::wrk_keepalive(p, o.http, 32, secs);
     (row.rps, row.rps_p50, row.rps_p99) = (ka.rate, ka.p50, ka.p99);
@@ -152,7 +155,12 @@ fn print_table(rows: &[(&str, Row)], idle_n: usize, stream_bytes: u64) {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         std::fs::read_to_string("/proc/cpuinfo")
             .ok()
-            .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+            .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
+                .split(':')
+                .nth(1)
+                .unwrap_or("")
+                .trim()
+                .to_string()))
             .unwrap_or_default()
     );
 }

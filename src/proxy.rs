@@ -91,6 +91,9 @@ pub struct ConnInfo {
     /// With `proxy.tls_client_cn_is_sandbox`: the client certificate's subject CN,
     /// which must equal the authenticated sandbox id.
     pub client_cn: Option<String>,
+    /// The connection's place under `proxy.max_connections`; tunnels and upgraded
+    /// connections keep a clone, so they count until they close.
+    pub slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 /// Entry point for every request on the proxy port.

@@ -112,7 +112,12 @@ pub async fn connect_setups(p: &Proxy, http: SocketAddr, workers: usize, dur: Du
     }
     let elapsed = start.elapsed();
     lat.sort();
-    Rate { rate: lat.len() as f64 / elapsed.as_secs_f64(), p50: percentile(&lat, 0.5), p99: percentile(&lat, 0.99), errors }
+    Rate {
+        rate: lat.len() as f64 / elapsed.as_secs_f64(),
+        p50: percentile(&lat, 0.5),
+        p99: percentile(&lat, 0.99),
+        errors,
+    }
 }
 
 /// Absolute-form GETs on keep-alive connections through the proxy (origin-form straight

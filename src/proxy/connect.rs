@@ -71,8 +71,9 @@ pub async fn handle(
     let cancel = shared.hard_stop.child_token();
     let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
     let (sandbox_id, task_shared) = (sandbox.sandbox.clone(), shared.clone());
+    let slot = conn.slot.clone();
     shared.tasks.spawn(async move {
-        let _permit = permit;
+        let (_permit, _slot) = (permit, slot);
         let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_TUNNELS_ACTIVE);
         let _registered = task_shared.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
         match on_upgrade.await {

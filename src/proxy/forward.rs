@@ -100,9 +100,10 @@ pub async fn handle(
         let cancel = shared.hard_stop.child_token();
         let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
         let (sandbox_id, shared_for_task) = (sandbox.sandbox.clone(), shared.clone());
+        let slot = conn.slot.clone();
         shared.tasks.spawn(async move {
             let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_TUNNELS_ACTIVE);
-            let _permit = permit;
+            let (_permit, _slot) = (permit, slot);
             let _registered =
                 shared_for_task.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {

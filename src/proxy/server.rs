@@ -56,7 +56,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
         shared.tasks.clone().spawn(async move {
             let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
             let mut stream = stream;
-            if let Some(conn) = admit(&mut stream, peer, &shared).await {
+            if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
+                conn.slot = Some(Arc::new(permit));
                 match &shared.tls {
                     None => serve_connection(stream, conn, shared, shutdown).await,
                     Some(tls) => {
@@ -66,7 +67,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
                         );
                         match handshake.await {
                             Ok(Ok(tls_stream)) => {
-                                let mut conn = conn;
                                 if shared.config.proxy.tls_client_cn_is_sandbox {
                                     conn.client_cn = super::tls::peer_cn(&tls_stream);
                                     if conn.client_cn.is_none() {
@@ -82,7 +82,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
                     }
                 }
             }
-            drop(permit);
         });
     }
 }
@@ -105,7 +104,7 @@ async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Opt
 async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
     if cfg.proxy_protocol == ProxyProtocol::Off {
-        return Some(ConnInfo { peer, vpce: None, client_cn: None });
+        return Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None });
     }
     let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
     let reject = |why: &'static str| {
@@ -121,12 +120,12 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
         (Detect::V1 | Detect::V2, false, _) => reject("untrusted_header"),
         (Detect::V1 | Detect::V2, true, _) => {
             match proxy_protocol::read_header(stream, kind, cfg.header_read_timeout).await {
-                Ok(h) => Some(ConnInfo { peer: h.source.unwrap_or(peer), vpce: h.vpce, client_cn: None }),
+                Ok(h) => Some(ConnInfo { peer: h.source.unwrap_or(peer), vpce: h.vpce, client_cn: None, slot: None }),
                 Err(_) => reject("malformed_header"),
             }
         }
         (_, _, ProxyProtocol::Required) => reject("missing_header"),
-        _ => Some(ConnInfo { peer, vpce: None, client_cn: None }),
+        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None }),
     }
 }
 

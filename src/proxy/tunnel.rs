@@ -55,7 +55,12 @@ impl Activity {
     }
 
     /// Runs `copy_both` until it ends, the tunnel idles for `idle`, or `cancel` fires.
-    async fn supervise(&self, copy_both: impl Future<Output = End>, idle: Duration, cancel: &CancellationToken) -> Outcome {
+    async fn supervise(
+        &self,
+        copy_both: impl Future<Output = End>,
+        idle: Duration,
+        cancel: &CancellationToken,
+    ) -> Outcome {
         let watchdog = async {
             loop {
                 let deadline = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle;

@@ -113,9 +113,8 @@ mod pipe {
         /// an error the pipe may hold bytes, so it is closed rather than pooled.
         pub async fn carry(self, from: &TcpStream, to: &TcpStream) -> io::Result<Option<usize>> {
             let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
-            let filled = from.try_io(Interest::READABLE, || {
-                Ok(splice(from.as_fd(), None, self.write.as_fd(), None, CHUNK, flags)?)
-            });
+            let filled = from
+                .try_io(Interest::READABLE, || Ok(splice(from.as_fd(), None, self.write.as_fd(), None, CHUNK, flags)?));
             let n = match filled {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -130,9 +129,8 @@ mod pipe {
             let mut left = n;
             while left > 0 {
                 to.writable().await?;
-                let drained = to.try_io(Interest::WRITABLE, || {
-                    Ok(splice(self.read.as_fd(), None, to.as_fd(), None, left, flags)?)
-                });
+                let drained = to
+                    .try_io(Interest::WRITABLE, || Ok(splice(self.read.as_fd(), None, to.as_fd(), None, left, flags)?));
                 match drained {
                     Ok(m) => left -= m,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
