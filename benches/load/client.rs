@@ -233,6 +233,9 @@ pub async fn idle_tunnels(p: &Proxy, hold: SocketAddr, n: usize) -> Option<f64> 
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = p.rss_kib();
+    if std::env::var("LOAD_HOLD").is_ok() {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     let opened = open_streams.len();
     eprintln!("  idle tunnels: {opened} open, RSS {before} KiB -> {after} KiB, {failures} failures");
     drop(open_streams);

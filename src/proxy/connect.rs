@@ -109,6 +109,7 @@ async fn relay(
             drop(parts.read_buf);
             tunnel::relay_tcp(parts.io.into_inner(), upstream, early, idle, cancel).await
         }
-        Err(upgraded) => tunnel::relay(TokioIo::new(upgraded), upstream, idle, cancel).await,
+        // Boxed: the cold path's buffers and state stay out of every tunnel's task.
+        Err(upgraded) => Box::pin(tunnel::relay(TokioIo::new(upgraded), upstream, idle, cancel)).await,
     }
 }

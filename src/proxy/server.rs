@@ -53,36 +53,47 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
         crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
         let shared = shared.clone();
         let shutdown = shutdown.clone();
-        shared.tasks.clone().spawn(async move {
-            let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
-            let mut stream = stream;
-            if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
-                conn.slot = Some(Arc::new(permit));
-                match &shared.tls {
-                    None => serve_connection(stream, conn, shared, shutdown).await,
-                    Some(tls) => {
-                        let handshake = tokio::time::timeout(
-                            shared.config.proxy.header_read_timeout,
-                            tls.acceptor().accept(stream),
-                        );
-                        match handshake.await {
-                            Ok(Ok(tls_stream)) => {
-                                if shared.config.proxy.tls_client_cn_is_sandbox {
-                                    conn.client_cn = super::tls::peer_cn(&tls_stream);
-                                    if conn.client_cn.is_none() {
-                                        tracing::debug!(client_addr = %conn.peer, "client certificate without a subject CN");
-                                        return;
-                                    }
-                                }
-                                serve_connection(tls_stream, conn, shared, shutdown).await
+        // The connection's state lives in a box freed when hyper lets go of the
+        // connection; the task cell itself stays small, because a stale waker in the
+        // socket's registration can keep the cell alive for as long as a tunnel runs.
+        shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, permit, shared, shutdown)).await });
+    }
+}
+
+/// One admitted client connection: PROXY header and allow-list admission, the TLS
+/// handshake when configured, then hyper until the connection closes or is upgraded.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
+    let mut stream = stream;
+    if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
+        conn.slot = Some(Arc::new(permit));
+        match &shared.tls {
+            None => serve_connection(stream, conn, shared, shutdown).await,
+            Some(tls) => {
+                let handshake =
+                    tokio::time::timeout(shared.config.proxy.header_read_timeout, tls.acceptor().accept(stream));
+                match handshake.await {
+                    Ok(Ok(tls_stream)) => {
+                        if shared.config.proxy.tls_client_cn_is_sandbox {
+                            conn.client_cn = super::tls::peer_cn(&tls_stream);
+                            if conn.client_cn.is_none() {
+                                tracing::debug!(client_addr = %conn.peer, "client certificate without a subject CN");
+                                return;
                             }
-                            Ok(Err(e)) => tracing::debug!(client_addr = %conn.peer, error = %e, "TLS handshake failed"),
-                            Err(_) => tracing::debug!(client_addr = %conn.peer, "TLS handshake timed out"),
                         }
+                        serve_connection(tls_stream, conn, shared, shutdown).await
                     }
+                    Ok(Err(e)) => tracing::debug!(client_addr = %conn.peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(client_addr = %conn.peer, "TLS handshake timed out"),
                 }
             }
-        });
+        }
     }
 }
 
