@@ -4,6 +4,9 @@
 
 use std::net::SocketAddr;
 
+mod request_head;
+pub use request_head::request_head;
+
 use crate::addr::{self, Host};
 use crate::policy::hosts::{HostEntry, HostRules};
 use crate::policy::rule::PortSpec;
@@ -210,4 +213,5 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("git_route", git_route),
     ("pktline", pktline),
     ("dns_datagram", dns_datagram),
+    ("request_head", request_head),
 ];

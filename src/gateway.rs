@@ -41,6 +41,57 @@ fn upstream_routes(
     Ok((crate::git::upstream::GitRoute { client: client(), credentials }, routes))
 }
 
+/// Everything the proxy port needs, without listeners: loaded policies, the resolver
+/// (with `recorder`, dials are recorded instead of made), upstream clients, TLS state.
+pub fn build_shared(
+    config: Config,
+    recorder: Option<crate::resolve::DialRecorder>,
+) -> Result<Arc<Shared>, GatewayError> {
+    let loaded = crate::reload::load(&config)?;
+    let mut resolver = Resolver::with_keepalive(
+        &config.resolver,
+        config.egress.filter.clone(),
+        config.proxy.connect_timeout,
+        config.proxy.tcp_keepalive,
+    )
+    .map_err(GatewayError::Resolver)?;
+    if let Some(r) = recorder {
+        resolver.record_dials_instead(r);
+    }
+    let resolver = Arc::new(resolver);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(64)
+        .set_host(false)
+        .build(VettingConnector::new(resolver.clone()));
+    let tls = match &config.proxy.tls {
+        Some((cert, key)) => {
+            Some(crate::proxy::tls::TlsState::load(cert, key, config.proxy.tls_client_ca.as_deref(), &config.file)?)
+        }
+        None => None,
+    };
+    let (git, routes) = upstream_routes(&config, &resolver)?;
+    let limits = crate::proxy::limits::SandboxLimits::new(
+        config.proxy.sandbox_max_concurrent,
+        config.proxy.sandbox_max_per_second,
+    );
+    Ok(Arc::new(Shared {
+        store: Store::new(loaded),
+        config,
+        resolver,
+        client,
+        tasks: TaskTracker::new(),
+        hard_stop: CancellationToken::new(),
+        draining: AtomicBool::new(false),
+        tunnels: Default::default(),
+        limits,
+        tls,
+        git,
+        routes,
+    }))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error("github: {0}")]
@@ -75,24 +126,11 @@ impl Gateway {
     /// every listener, so that errors surface before anything is served.
     pub async fn bind(config: Config) -> Result<Gateway, GatewayError> {
         crate::metrics::install();
-        let loaded = crate::reload::load(&config)?;
-        let resolver = Resolver::with_keepalive(
-            &config.resolver,
-            config.egress.filter.clone(),
-            config.proxy.connect_timeout,
-            config.proxy.tcp_keepalive,
-        )
-        .map_err(GatewayError::Resolver)?;
-        let resolver = Arc::new(resolver);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(64)
-            .set_host(false)
-            .build(VettingConnector::new(resolver.clone()));
+        let shared = build_shared(config, None)?;
         let bind = |what: &'static str, addr: SocketAddr| async move {
             TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { what, addr, source })
         };
+        let config = &shared.config;
         let proxy = bind("proxy", config.proxy.listen).await?;
         let admin = bind("admin", config.admin.listen).await?;
         let dns = match &config.dns {
@@ -103,31 +141,6 @@ impl Gateway {
             })?),
             None => None,
         };
-        let tls = match &config.proxy.tls {
-            Some((cert, key)) => {
-                Some(crate::proxy::tls::TlsState::load(cert, key, config.proxy.tls_client_ca.as_deref(), &config.file)?)
-            }
-            None => None,
-        };
-        let (git, routes) = upstream_routes(&config, &resolver)?;
-        let limits = crate::proxy::limits::SandboxLimits::new(
-            config.proxy.sandbox_max_concurrent,
-            config.proxy.sandbox_max_per_second,
-        );
-        let shared = Arc::new(Shared {
-            store: Store::new(loaded),
-            config,
-            resolver,
-            client,
-            tasks: TaskTracker::new(),
-            hard_stop: CancellationToken::new(),
-            draining: AtomicBool::new(false),
-            tunnels: Default::default(),
-            limits,
-            tls,
-            git,
-            routes,
-        });
         Ok(Gateway { shared, proxy, admin, dns })
     }
 

@@ -43,8 +43,13 @@ impl DialError {
     }
 }
 
+/// Sees every address the gateway is about to dial, instead of the dial: for the
+/// request-head fuzz target, which must never open a connection.
+pub type DialRecorder = std::sync::Arc<dyn Fn(&Target, SocketAddr) + Send + Sync>;
+
 pub struct Resolver {
     hosts: HashMap<String, Vec<IpAddr>>,
+    recorder: Option<DialRecorder>,
     dns: TokioResolver,
     filter: EgressFilter,
     connect_timeout: Duration,
@@ -99,7 +104,20 @@ impl Resolver {
         opts.use_hosts_file = if cfg.hosts_file { ResolveHosts::Always } else { ResolveHosts::Never };
         opts.ndots = 0;
         let dns = builder.build().map_err(io::Error::other)?;
-        Ok(Resolver { hosts: cfg.hosts.clone(), dns, filter, connect_timeout, resolve_timeout: cfg.timeout, keepalive })
+        Ok(Resolver {
+            hosts: cfg.hosts.clone(),
+            recorder: None,
+            dns,
+            filter,
+            connect_timeout,
+            resolve_timeout: cfg.timeout,
+            keepalive,
+        })
+    }
+
+    /// From now on, dials are recorded and fail instead of connecting.
+    pub fn record_dials_instead(&mut self, recorder: DialRecorder) {
+        self.recorder = Some(recorder);
     }
 
     pub fn filter(&self) -> &EgressFilter {
@@ -141,6 +159,11 @@ impl Resolver {
         let deadline = Instant::now() + self.connect_timeout;
         let mut last_err = None;
         for addr in addrs {
+            if let Some(record) = &self.recorder {
+                record(target, addr);
+                last_err = Some(io::Error::new(io::ErrorKind::ConnectionRefused, "dial recorded, not made"));
+                continue;
+            }
             match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);

@@ -135,7 +135,7 @@ fn open_tunnels_count_against_the_connection_limit() {
         let head = raw::read_head(&mut s);
         (s, head)
     };
-    let (mut first, h1) = open();
+    let (first, h1) = open();
     let (_second, h2) = open();
     assert_eq!((raw::status(&h1), raw::status(&h2)), (200, 200));
     // Both slots are held by tunnels, which hyper no longer serves.

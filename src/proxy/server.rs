@@ -140,13 +140,29 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
     }
 }
 
-async fn serve_connection<I>(stream: I, conn: ConnInfo, shared: Arc<Shared>, shutdown: CancellationToken)
+/// Serves one client byte stream (already admitted) until it closes or is upgraded.
+pub async fn serve_connection<I>(stream: I, conn: ConnInfo, shared: Arc<Shared>, shutdown: CancellationToken)
 where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    serve_stream(stream, conn, shared, shutdown, false).await
+}
+
+/// Like [`serve_connection`]; with `half_close`, a client's end of input does not
+/// abort the request in progress (the fuzz harness writes its input, then closes).
+pub async fn serve_stream<I>(
+    stream: I,
+    conn: ConnInfo,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    half_close: bool,
+) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &shared.config.proxy;
     let mut builder = http1::Builder::new();
     builder
+        .half_close(half_close)
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
         .max_header_size(cfg.max_header_bytes)
