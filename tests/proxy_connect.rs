@@ -5,7 +5,7 @@ mod support;
 
 use support::raw::{exchange, status};
 use support::tls::TestCa;
-use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy};
+use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy};
 
 fn start() -> (TestGateway, TestOrigin, TestCa) {
     let ca = TestCa::new(&["tls.test", "origin.test", "rebind.test", "a.deep.wild.test"]);
@@ -109,78 +109,6 @@ fn exchange_one(gw: &TestGateway, req: &str) -> String {
 }
 
 #[test]
-fn credentials_are_required_and_checked() {
-    let (gw, origin, ca) = start();
-    let url = format!("https://tls.test:{}/", origin.port());
-    let out = curl(&["--cacert", ca.ca_pem_path.to_str().unwrap(), "-x", &gw.addr.to_string(), &url]);
-    assert_eq!(out.connect_status, 407, "{out:?}");
-    let out = curl_via(&gw, &ca, "sbx-a", "wrong-token", &url);
-    assert_eq!(out.connect_status, 407, "{out:?}");
-    let out = curl_via(&gw, &ca, "nobody", TOKEN_A, &url);
-    assert_eq!(out.connect_status, 407, "{out:?}");
-
-    let req = format!("CONNECT tls.test:{} HTTP/1.1\r\n\r\n", origin.port());
-    let resp = exchange_one(&gw, &req);
-    assert!(
-        resp.contains("Proxy-Authenticate: Basic realm=\"egress-gateway\"")
-            || resp.to_ascii_lowercase().contains("proxy-authenticate: basic realm=\"egress-gateway\""),
-        "{resp}"
-    );
-    assert!(resp.contains("auth_required"), "{resp}");
-    let log = gw.log_text();
-    assert!(!log.contains("wrong-token") && !log.contains(TOKEN_A));
-}
-
-#[test]
-fn one_sandboxs_token_does_not_open_another_sandboxs_hosts() {
-    let (gw, origin, ca) = start();
-    // sbx-b's own token, sbx-a's host.
-    let out = curl_via(&gw, &ca, "sbx-b", TOKEN_B, &format!("https://tls.test:{}/", origin.port()));
-    assert_eq!(out.connect_status, 403, "{out:?}");
-    // sbx-b's token presented as sbx-a.
-    let out = curl_via(&gw, &ca, "sbx-a", TOKEN_B, &format!("https://tls.test:{}/", origin.port()));
-    assert_eq!(out.connect_status, 407, "{out:?}");
-    let rec = gw.access_for(&format!("tls.test:{}", origin.port()));
-    assert_eq!(rec["sandbox"], "sbx-b");
-    assert_eq!(rec["reason"], "host_not_allowed");
-}
-
-#[test]
-fn ip_literal_encodings() {
-    let (gw, origin, _ca) = start();
-    let port = origin.port();
-    let auth = basic("sbx-a", TOKEN_A);
-    let connect =
-        |target: &str| exchange_one(&gw, &format!("CONNECT {target} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"));
-    for bad in [
-        format!("2130706433:{port}"),
-        format!("0x7f.1:{port}"),
-        format!("0177.0.0.1:{port}"),
-        format!("127.1:{port}"),
-        format!("0x7f000001:{port}"),
-        format!("127.0.0.01:{port}"),
-        format!("user@origin.test:{port}"),
-        "origin.test:0".to_string(),
-        "origin.test:65536".to_string(),
-        "origin.test".to_string(),
-    ] {
-        let resp = connect(&bad);
-        assert_eq!(status(&resp), 400, "{bad}: {resp}");
-        assert!(resp.contains("bad_request"), "{bad}: {resp}");
-    }
-    // An unbracketed IPv6 authority does not even parse as a request line: hyper
-    // answers 400 itself, before the gateway sees the request.
-    assert_eq!(status(&connect(&format!("::1:{port}"))), 400);
-    // The canonical literal of an address the config treats as public-for-tests.
-    let resp = connect(&format!("127.0.0.1:{port}"));
-    assert_eq!(status(&resp), 200, "{resp}");
-    // IPv4-mapped IPv6 is judged by the IPv4 address it embeds: 127.0.0.2 is private.
-    let resp = connect(&format!("[::ffff:127.0.0.2]:{port}"));
-    assert_eq!(status(&resp), 403, "{resp}");
-    assert!(resp.contains("address_denied"), "{resp}");
-}
-
-#[test]
 fn connect_needs_http11_and_an_authority() {
     let (gw, origin, _ca) = start();
     let auth = basic("sbx-a", TOKEN_A);
@@ -189,16 +117,4 @@ fn connect_needs_http11_and_an_authority() {
     assert_eq!(status(&resp), 400, "{resp}");
     let resp = exchange(gw.addr, format!("CONNECT /x HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes());
     assert_eq!(status(&resp), 400, "{resp}");
-}
-
-#[test]
-fn mixed_answers_dial_only_the_vetted_address() {
-    // mixed.test resolves to 127.0.0.2 (private for this config) and 127.0.0.1: only the
-    // latter may be dialled.
-    let (gw, origin, ca) = start();
-    let out = curl_via(&gw, &ca, "sbx-a", TOKEN_A, &format!("https://mixed.test:{}/echo", origin.port()));
-    assert_ne!(out.exit, 0, "certificate does not name mixed.test, but the tunnel must open: {out:?}");
-    assert_eq!(out.connect_status, 200, "{out:?}");
-    let rec = gw.access_for(&format!("mixed.test:{}", origin.port()));
-    assert_eq!(rec["upstream_addr"], format!("127.0.0.1:{}", origin.port()));
 }

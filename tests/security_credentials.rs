@@ -1,0 +1,94 @@
+//! Security regressions, attack class: credentials. Missing and wrong tokens, one
+//! sandbox's token used for another's hosts or identity, and secrets leaking into
+//! error bodies or logs. (Signed-token forms: tests/tokens.rs.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::time::Duration;
+
+use support::raw;
+use support::tls::TestCa;
+use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy};
+
+/// A TLS origin (test CA) behind the standard gateway, for tests that use real curl.
+fn start_tls() -> (TestGateway, TestOrigin, TestCa) {
+    let ca = TestCa::new(&["tls.test", "origin.test", "rebind.test", "a.deep.wild.test"]);
+    let origin = TestOrigin::https(&ca);
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    (gw, origin, ca)
+}
+
+fn curl_via(gw: &TestGateway, ca: &TestCa, id: &str, token: &str, url: &str) -> support::CurlOutput {
+    curl(&["--cacert", ca.ca_pem_path.to_str().unwrap(), "-x", &gw.proxy_url(id, token), url])
+}
+
+fn exchange_one(gw: &TestGateway, req: &str) -> String {
+    support::raw::request(gw.addr, req.as_bytes())
+}
+
+/// A plain HTTP origin behind the standard gateway.
+fn start() -> (TestGateway, TestOrigin) {
+    (TestGateway::start(STANDARD_CONFIG, &standard_policy()), TestOrigin::http())
+}
+
+#[test]
+fn credentials_are_required_and_checked() {
+    let (gw, origin, ca) = start_tls();
+    let url = format!("https://tls.test:{}/", origin.port());
+    let out = curl(&["--cacert", ca.ca_pem_path.to_str().unwrap(), "-x", &gw.addr.to_string(), &url]);
+    assert_eq!(out.connect_status, 407, "{out:?}");
+    let out = curl_via(&gw, &ca, "sbx-a", "wrong-token", &url);
+    assert_eq!(out.connect_status, 407, "{out:?}");
+    let out = curl_via(&gw, &ca, "nobody", TOKEN_A, &url);
+    assert_eq!(out.connect_status, 407, "{out:?}");
+
+    let req = format!("CONNECT tls.test:{} HTTP/1.1\r\n\r\n", origin.port());
+    let resp = exchange_one(&gw, &req);
+    assert!(
+        resp.contains("Proxy-Authenticate: Basic realm=\"egress-gateway\"")
+            || resp.to_ascii_lowercase().contains("proxy-authenticate: basic realm=\"egress-gateway\""),
+        "{resp}"
+    );
+    assert!(resp.contains("auth_required"), "{resp}");
+    let log = gw.log_text();
+    assert!(!log.contains("wrong-token") && !log.contains(TOKEN_A));
+}
+
+#[test]
+fn one_sandboxs_token_does_not_open_another_sandboxs_hosts() {
+    let (gw, origin, ca) = start_tls();
+    // sbx-b's own token, sbx-a's host.
+    let out = curl_via(&gw, &ca, "sbx-b", TOKEN_B, &format!("https://tls.test:{}/", origin.port()));
+    assert_eq!(out.connect_status, 403, "{out:?}");
+    // sbx-b's token presented as sbx-a.
+    let out = curl_via(&gw, &ca, "sbx-a", TOKEN_B, &format!("https://tls.test:{}/", origin.port()));
+    assert_eq!(out.connect_status, 407, "{out:?}");
+    let rec = gw.access_for(&format!("tls.test:{}", origin.port()));
+    assert_eq!(rec["sandbox"], "sbx-b");
+    assert_eq!(rec["reason"], "host_not_allowed");
+}
+
+#[test]
+fn secrets_never_appear_in_error_bodies_or_logs() {
+    let (gw, origin) = start();
+    let port = origin.port();
+    // Denied, malformed and upstream-failure answers.
+    let requests = [
+        format!("GET http://example.com:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A)),
+        format!("GET http://origin.test:1/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A)),
+        format!("CONNECT bad host:1 HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A)),
+        format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+            basic("sbx-a", "guess-1234")
+        ),
+    ];
+    for r in &requests {
+        let resp = raw::exchange(gw.addr, r.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1).as_bytes());
+        assert!(!resp.contains(TOKEN_A) && !resp.contains("guess-1234"), "{resp}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let log = gw.log_text();
+    assert!(!log.contains(TOKEN_A) && !log.contains("guess-1234"));
+    assert!(!log.contains(&basic("sbx-a", TOKEN_A)[6..]), "not even base64-encoded");
+}

@@ -1,0 +1,202 @@
+//! Security regressions, attack class: HTTP parsing and connection abuse. Malformed and
+//! binary heads, obs-fold, request smuggling (CL+TE), Host/URI mismatch, pipelining,
+//! oversized heads, slow clients, connection floods, redirects.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use support::raw::{self, read_response, status};
+use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy};
+
+/// A plain HTTP origin behind the standard gateway.
+fn start() -> (TestGateway, TestOrigin) {
+    (TestGateway::start(STANDARD_CONFIG, &standard_policy()), TestOrigin::http())
+}
+
+#[test]
+fn malformed_heads_are_refused_and_reach_nothing() {
+    let (gw, origin) = start();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let cases: Vec<Vec<u8>> = vec![
+        // obs-fold (a continuation line) in a header
+        format!(
+            "GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\nX-A: 1\r\n folded\r\n\r\n"
+        )
+        .into_bytes(),
+        // NUL in a header value
+        format!("GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\nX-A: a\0b\r\n\r\n")
+            .into_bytes(),
+        // binary garbage instead of a request line
+        vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03, b'\r', b'\n', b'\r', b'\n'],
+        // a request line with spaces in the target
+        format!("GET http://origin.test:{port}/a b HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n").into_bytes(),
+        // an HTTP/2 preface on an HTTP/1 proxy
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(),
+        // a header name with a space before the colon
+        format!("GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization : {auth}\r\n\r\n").into_bytes(),
+    ];
+    for req in cases {
+        let resp = raw::exchange(gw.addr, &req);
+        let code = status(&resp);
+        assert!(code == 400 || code == 0 || code == 505, "{:?} -> {resp}", String::from_utf8_lossy(&req));
+    }
+    assert!(origin.recorded().is_empty(), "nothing reached the origin: {:?}", origin.recorded());
+    // Bare LF line endings are tolerated by the HTTP parser, but the request still goes
+    // through the full decision path (and here is allowed).
+    let resp = raw::request(
+        gw.addr,
+        format!("GET http://origin.test:{port}/echo HTTP/1.1\nProxy-Authorization: {auth}\n\n").as_bytes(),
+    );
+    assert!(status(&resp) == 200 || status(&resp) == 400, "{resp}");
+}
+
+#[test]
+fn host_header_cannot_redirect_the_request() {
+    let (gw, origin) = start();
+    let port = origin.port();
+    let req = format!(
+        "GET http://origin.test:{port}/echo HTTP/1.1\r\nHost: evil.test\r\nProxy-Authorization: {}\r\n\r\n",
+        basic("sbx-a", TOKEN_A)
+    );
+    let resp = raw::request(gw.addr, req.as_bytes());
+    assert_eq!(status(&resp), 200, "{resp}");
+    let rec = &origin.recorded()[0];
+    assert!(rec.headers.contains(&("host".into(), format!("origin.test:{port}"))), "{rec:?}");
+}
+
+#[test]
+fn cl_te_smuggling_does_not_reach_the_origin() {
+    let (gw, origin) = start();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    // Transfer-Encoding wins over Content-Length; the "body" after the terminating chunk
+    // is a second request that must never be processed (the connection is closed).
+    let smuggled = format!("GET http://origin.test:{port}/smuggled HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
+    let req = format!(
+        "POST http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}",
+        5 + smuggled.len()
+    );
+    let mut s = raw::connect(gw.addr);
+    s.write_all(req.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let all = raw::read_all(&mut s);
+    assert_eq!(all.matches("HTTP/1.1 ").count(), 1, "exactly one response: {all}");
+    assert!(origin.recorded().iter().all(|r| !r.uri.contains("smuggled")), "{:?}", origin.recorded());
+
+    // Conflicting Content-Length values are rejected outright.
+    let req = format!(
+        "POST http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"
+    );
+    let resp = raw::exchange(gw.addr, req.as_bytes());
+    assert_eq!(status(&resp), 400, "{resp}");
+    assert_eq!(origin.recorded().len(), 1);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let (gw, origin) = start();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let one =
+        |p: &str| format!("GET http://origin.test:{port}/echo?{p} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
+    let mut s = raw::connect(gw.addr);
+    s.write_all(format!("{}{}{}", one("n=1"), one("n=2"), one("n=3")).as_bytes()).unwrap();
+    for n in 1..=3 {
+        let resp = read_response(&mut s);
+        assert_eq!(status(&resp), 200, "{resp}");
+        assert!(resp.contains(&format!("/echo?n={n}")), "response {n} out of order: {resp}");
+    }
+}
+
+#[test]
+fn oversized_heads_get_431_and_do_not_disturb_others() {
+    let (gw, origin) = start();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let big = format!(
+        "GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(64 * 1024)
+    );
+    let resp = raw::exchange(gw.addr, big.as_bytes());
+    assert_eq!(status(&resp), 431, "{}", &resp[..resp.len().min(200)]);
+
+    let mut many = format!("GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n");
+    for i in 0..2000 {
+        many.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    let resp = raw::exchange(gw.addr, many.as_bytes());
+    assert_eq!(status(&resp), 431, "{}", &resp[..resp.len().min(200)]);
+
+    let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{port}/echo")]);
+    assert_eq!(out.status, 200, "{out:?}");
+    assert_eq!(origin.recorded().len(), 1);
+}
+
+#[test]
+fn slow_clients_are_cut_off_while_others_are_served() {
+    let (gw, origin) = start();
+    let port = origin.port();
+    // 50 clients that send half a request head and stall.
+    let mut slow: Vec<_> = (0..50)
+        .map(|_| {
+            let mut s = raw::connect(gw.addr);
+            s.write_all(b"GET http://origin.test/ HTTP/1.1\r\nX-Slow: ").unwrap();
+            s
+        })
+        .collect();
+    for _ in 0..5 {
+        let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{port}/echo")]);
+        assert_eq!(out.status, 200, "{out:?}");
+    }
+    // header_read_timeout is 2 s in the test config: every stalled connection is closed.
+    for s in &mut slow {
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        let mut buf = [0u8; 1024];
+        let started = std::time::Instant::now();
+        let r = s.read(&mut buf);
+        assert!(started.elapsed() < Duration::from_secs(6), "stalled connection still open");
+        // Closed (0), answered with 408, or reset: anything but an open connection.
+        if let Ok(n) = r {
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(n == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+        }
+    }
+}
+
+#[test]
+fn a_connection_flood_does_not_starve_other_clients() {
+    let (gw, origin) = start();
+    // 300 connections opened and held (bounded), some sending junk.
+    let flood: Vec<_> = (0..300)
+        .filter_map(|i| {
+            let mut s = std::net::TcpStream::connect(gw.addr).ok()?;
+            if i % 3 == 0 {
+                let _ = s.write_all(b"\x00\x01\x02garbage");
+            }
+            Some(s)
+        })
+        .collect();
+    assert!(flood.len() > 200);
+    for _ in 0..5 {
+        let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{}/echo", origin.port())]);
+        assert_eq!(out.status, 200, "{out:?}");
+    }
+    drop(flood);
+}
+
+#[test]
+fn redirects_are_passed_back_never_followed() {
+    let (gw, origin) = start();
+    let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{}/redirect", origin.port())]);
+    assert_eq!(out.status, 302, "{out:?}");
+    assert_eq!(origin.recorded().len(), 1, "the gateway fetched nothing else");
+    // Following it is a new request, decided on its own: the metadata address is refused.
+    let out =
+        curl(&["-L", "-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{}/redirect", origin.port())]);
+    assert_eq!(out.status, 403, "{out:?}");
+}
