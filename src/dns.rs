@@ -4,5 +4,7 @@
 pub mod firewall;
 pub mod ratelimit;
 pub mod server;
+#[cfg(target_os = "linux")]
+mod udp_batch;
 
 pub use server::DnsServer;

@@ -3,7 +3,8 @@
 //! - UDP: one socket per core (`SO_REUSEPORT`), each served by its own OS thread that
 //!   receives, answers and sends inline (the handler never waits on I/O, so its future
 //!   completes on first poll). hickory's own UDP server spawns a task and goes through
-//!   a channel per query; this measured faster (benches/dns_bench.sh).
+//!   a channel per query; this measured faster (benches/dns_bench.sh). On Linux the
+//!   loop batches with recvmmsg/sendmmsg (`udp_batch`).
 //! - TCP: concurrent connections are capped and idle ones closed, which hickory's TCP
 //!   server does not offer.
 
@@ -31,7 +32,7 @@ use crate::config::DnsConfig;
 use crate::metrics;
 
 /// Largest datagram read; a longer one is cut by the kernel and then fails to parse.
-const MAX_DATAGRAM: usize = 4096;
+pub(super) const MAX_DATAGRAM: usize = 4096;
 
 pub struct DnsServer {
     udp: Vec<std::net::UdpSocket>,
@@ -119,8 +120,15 @@ fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
 }
 
 /// How often a UDP thread looks at the shutdown token while no query arrives.
-const UDP_POLL: Duration = Duration::from_millis(200);
+pub(super) const UDP_POLL: Duration = Duration::from_millis(200);
 
+#[cfg(target_os = "linux")]
+fn serve_udp(socket: std::net::UdpSocket, handler: &Handler, shutdown: &CancellationToken) {
+    super::udp_batch::serve(socket, handler, shutdown)
+}
+
+/// One datagram per system call, where batching calls are not available.
+#[cfg(not(target_os = "linux"))]
 fn serve_udp(socket: std::net::UdpSocket, handler: &Handler, shutdown: &CancellationToken) {
     if let Err(e) = socket.set_read_timeout(Some(UDP_POLL)) {
         tracing::error!(error = %e, "dns udp socket unusable");
