@@ -4,23 +4,11 @@
 mod support;
 
 use support::raw::{exchange, status};
-use support::tls::TestCa;
-use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy};
-
-fn start() -> (TestGateway, TestOrigin, TestCa) {
-    let ca = TestCa::new(&["tls.test", "origin.test", "rebind.test", "a.deep.wild.test"]);
-    let origin = TestOrigin::https(&ca);
-    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    (gw, origin, ca)
-}
-
-fn curl_via(gw: &TestGateway, ca: &TestCa, id: &str, token: &str, url: &str) -> support::CurlOutput {
-    curl(&["--cacert", ca.ca_pem_path.to_str().unwrap(), "-x", &gw.proxy_url(id, token), url])
-}
+use support::{TOKEN_A, basic, curl_via, start_tls};
 
 #[test]
 fn allowed_connect_reaches_tls_origin_and_is_logged_without_the_token() {
-    let (gw, origin, ca) = start();
+    let (gw, origin, ca) = start_tls();
     let url = format!("https://tls.test:{}/echo", origin.port());
     let out = curl_via(&gw, &ca, "sbx-a", TOKEN_A, &url);
     assert_eq!((out.exit, out.connect_status, out.status), (0, 200, 200), "{out:?}");
@@ -45,14 +33,14 @@ fn allowed_connect_reaches_tls_origin_and_is_logged_without_the_token() {
 
 #[test]
 fn wildcard_rules_match_any_depth() {
-    let (gw, origin, ca) = start();
+    let (gw, origin, ca) = start_tls();
     let out = curl_via(&gw, &ca, "sbx-a", TOKEN_A, &format!("https://a.deep.wild.test:{}/echo", origin.port()));
     assert_eq!(out.status, 200, "{out:?}");
 }
 
 #[test]
 fn denials_carry_reason_codes() {
-    let (gw, origin, ca) = start();
+    let (gw, origin, ca) = start_tls();
     let port = origin.port();
     let cases = [
         (format!("https://example.com:{port}/"), "host_not_allowed", "example.com"),
@@ -77,13 +65,13 @@ fn denials_carry_reason_codes() {
 
 #[test]
 fn connect_denial_statuses_and_body() {
-    let (gw, origin, _ca) = start();
+    let (gw, origin, _ca) = start_tls();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
     let req = format!(
         "CONNECT example.com:{port} HTTP/1.1\r\nHost: example.com:{port}\r\nProxy-Authorization: {auth}\r\n\r\n"
     );
-    let resp = exchange_one(&gw, &req);
+    let resp = support::raw::request(gw.addr, &req);
     assert_eq!(status(&resp), 403, "{resp}");
     assert!(resp.to_ascii_lowercase().contains("x-egress-deny-reason: host_not_allowed"), "{resp}");
     let body = resp.split("\r\n\r\n").nth(1).unwrap();
@@ -99,21 +87,20 @@ fn connect_denial_statuses_and_body() {
     let dead_port = closed.local_addr().unwrap().port();
     drop(closed);
     let req = format!("CONNECT origin.test:{dead_port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
-    let resp = exchange_one(&gw, &req);
+    let resp = support::raw::request(gw.addr, &req);
     assert_eq!(status(&resp), 502, "{resp}");
     assert!(resp.contains("upstream_unreachable"), "{resp}");
 }
 
-fn exchange_one(gw: &TestGateway, req: &str) -> String {
-    support::raw::request(gw.addr, req.as_bytes())
-}
-
 #[test]
 fn connect_needs_http11_and_an_authority() {
-    let (gw, origin, _ca) = start();
+    let (gw, origin, _ca) = start_tls();
     let auth = basic("sbx-a", TOKEN_A);
     let port = origin.port();
-    let resp = exchange_one(&gw, &format!("CONNECT tls.test:{port} HTTP/1.0\r\nProxy-Authorization: {auth}\r\n\r\n"));
+    let resp = support::raw::request(
+        gw.addr,
+        format!("CONNECT tls.test:{port} HTTP/1.0\r\nProxy-Authorization: {auth}\r\n\r\n"),
+    );
     assert_eq!(status(&resp), 400, "{resp}");
     let resp = exchange(gw.addr, format!("CONNECT /x HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes());
     assert_eq!(status(&resp), 400, "{resp}");

@@ -8,17 +8,11 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use support::raw::{self, read_response, status};
-use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy};
-
-fn start() -> (TestGateway, TestOrigin) {
-    let origin = TestOrigin::http();
-    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    (gw, origin)
-}
+use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy, start_http};
 
 #[test]
 fn forwards_with_clean_headers_and_host_from_the_uri() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let url = format!("http://origin.test:{}/echo?q=1", origin.port());
     let out = curl(&[
         "-x",
@@ -55,7 +49,7 @@ fn forwards_with_clean_headers_and_host_from_the_uri() {
 
 #[test]
 fn streams_large_bodies_both_ways() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let dir = tempfile::tempdir().unwrap();
     let upload = dir.path().join("up.bin");
     std::fs::write(&upload, vec![7u8; 3 * 1024 * 1024]).unwrap();
@@ -83,7 +77,7 @@ fn streams_large_bodies_both_ways() {
 
 #[test]
 fn keep_alive_serves_several_requests_on_one_connection() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let a = format!("http://origin.test:{}/echo", origin.port());
     let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &a, &a, &a]);
     assert_eq!(out.exit, 0, "{out:?}");
@@ -96,7 +90,7 @@ fn keep_alive_serves_several_requests_on_one_connection() {
 
 #[test]
 fn absolute_form_denials_and_bad_forms() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
     let cases = [
@@ -173,7 +167,7 @@ fn connection_limit_answers_503_limit_exceeded() {
 
 #[test]
 fn report_mode_lets_denied_traffic_through_and_says_so() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let url = format!("http://origin.test:{}/echo", origin.port());
     let out = curl(&["-x", &gw.proxy_url("sbx-r", TOKEN_B), &url]);
     assert_eq!(out.status, 200, "{out:?}");
@@ -185,7 +179,7 @@ fn report_mode_lets_denied_traffic_through_and_says_so() {
 
 #[test]
 fn websocket_upgrade_is_relayed() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     let mut s = raw::connect(gw.addr);
     let req = format!(

@@ -11,37 +11,16 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use support::raw::{self, status};
-use support::tls::TestCa;
-use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy};
-
-/// A TLS origin (test CA) behind the standard gateway, for tests that use real curl.
-fn start_tls() -> (TestGateway, TestOrigin, TestCa) {
-    let ca = TestCa::new(&["tls.test", "origin.test", "rebind.test", "a.deep.wild.test"]);
-    let origin = TestOrigin::https(&ca);
-    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    (gw, origin, ca)
-}
-
-fn curl_via(gw: &TestGateway, ca: &TestCa, id: &str, token: &str, url: &str) -> support::CurlOutput {
-    curl(&["--cacert", ca.ca_pem_path.to_str().unwrap(), "-x", &gw.proxy_url(id, token), url])
-}
-
-fn exchange_one(gw: &TestGateway, req: &str) -> String {
-    support::raw::request(gw.addr, req.as_bytes())
-}
-
-/// A plain HTTP origin behind the standard gateway.
-fn start() -> (TestGateway, TestOrigin) {
-    (TestGateway::start(STANDARD_CONFIG, &standard_policy()), TestOrigin::http())
-}
+use support::{TOKEN_A, basic, curl_via, start_http, start_tls};
 
 #[test]
 fn ip_literal_encodings() {
     let (gw, origin, _ca) = start_tls();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
-    let connect =
-        |target: &str| exchange_one(&gw, &format!("CONNECT {target} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"));
+    let connect = |target: &str| {
+        support::raw::request(gw.addr, format!("CONNECT {target} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"))
+    };
     for bad in [
         format!("2130706433:{port}"),
         format!("0x7f.1:{port}"),
@@ -86,7 +65,7 @@ fn mixed_answers_dial_only_the_vetted_address() {
 fn tunnels_carry_only_what_was_decided() {
     // CONNECT to an allowed host:port cannot be turned into a second request elsewhere:
     // bytes after the 200 go to that upstream only.
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let mut s = raw::connect(gw.addr);
     let req = format!(
         "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\nGET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n",

@@ -8,29 +8,7 @@ mod support;
 use std::time::Duration;
 
 use support::raw;
-use support::tls::TestCa;
-use support::{STANDARD_CONFIG, TOKEN_A, TOKEN_B, TestGateway, TestOrigin, basic, curl, standard_policy};
-
-/// A TLS origin (test CA) behind the standard gateway, for tests that use real curl.
-fn start_tls() -> (TestGateway, TestOrigin, TestCa) {
-    let ca = TestCa::new(&["tls.test", "origin.test", "rebind.test", "a.deep.wild.test"]);
-    let origin = TestOrigin::https(&ca);
-    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    (gw, origin, ca)
-}
-
-fn curl_via(gw: &TestGateway, ca: &TestCa, id: &str, token: &str, url: &str) -> support::CurlOutput {
-    curl(&["--cacert", ca.ca_pem_path.to_str().unwrap(), "-x", &gw.proxy_url(id, token), url])
-}
-
-fn exchange_one(gw: &TestGateway, req: &str) -> String {
-    support::raw::request(gw.addr, req.as_bytes())
-}
-
-/// A plain HTTP origin behind the standard gateway.
-fn start() -> (TestGateway, TestOrigin) {
-    (TestGateway::start(STANDARD_CONFIG, &standard_policy()), TestOrigin::http())
-}
+use support::{TOKEN_A, TOKEN_B, basic, curl, curl_via, start_http, start_tls};
 
 #[test]
 fn credentials_are_required_and_checked() {
@@ -44,7 +22,7 @@ fn credentials_are_required_and_checked() {
     assert_eq!(out.connect_status, 407, "{out:?}");
 
     let req = format!("CONNECT tls.test:{} HTTP/1.1\r\n\r\n", origin.port());
-    let resp = exchange_one(&gw, &req);
+    let resp = support::raw::request(gw.addr, &req);
     assert!(
         resp.contains("Proxy-Authenticate: Basic realm=\"egress-gateway\"")
             || resp.to_ascii_lowercase().contains("proxy-authenticate: basic realm=\"egress-gateway\""),
@@ -71,7 +49,7 @@ fn one_sandboxs_token_does_not_open_another_sandboxs_hosts() {
 
 #[test]
 fn secrets_never_appear_in_error_bodies_or_logs() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     // Denied, malformed and upstream-failure answers.
     let requests = [

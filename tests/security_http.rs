@@ -9,16 +9,11 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use support::raw::{self, read_response, status};
-use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy};
-
-/// A plain HTTP origin behind the standard gateway.
-fn start() -> (TestGateway, TestOrigin) {
-    (TestGateway::start(STANDARD_CONFIG, &standard_policy()), TestOrigin::http())
-}
+use support::{TOKEN_A, basic, curl, start_http};
 
 #[test]
 fn malformed_heads_are_refused_and_reach_nothing() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
     let cases: Vec<Vec<u8>> = vec![
@@ -56,7 +51,7 @@ fn malformed_heads_are_refused_and_reach_nothing() {
 
 #[test]
 fn host_header_cannot_redirect_the_request() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     let req = format!(
         "GET http://origin.test:{port}/echo HTTP/1.1\r\nHost: evil.test\r\nProxy-Authorization: {}\r\n\r\n",
@@ -70,7 +65,7 @@ fn host_header_cannot_redirect_the_request() {
 
 #[test]
 fn cl_te_smuggling_does_not_reach_the_origin() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
     // Transfer-Encoding wins over Content-Length; the "body" after the terminating chunk
@@ -98,7 +93,7 @@ fn cl_te_smuggling_does_not_reach_the_origin() {
 
 #[test]
 fn pipelined_requests_are_answered_in_order() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
     let one =
@@ -114,7 +109,7 @@ fn pipelined_requests_are_answered_in_order() {
 
 #[test]
 fn oversized_heads_get_431_and_do_not_disturb_others() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     let auth = basic("sbx-a", TOKEN_A);
     let big = format!(
@@ -139,7 +134,7 @@ fn oversized_heads_get_431_and_do_not_disturb_others() {
 
 #[test]
 fn slow_clients_are_cut_off_while_others_are_served() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let port = origin.port();
     // 50 clients that send half a request head and stall.
     let mut slow: Vec<_> = (0..50)
@@ -170,7 +165,7 @@ fn slow_clients_are_cut_off_while_others_are_served() {
 
 #[test]
 fn a_connection_flood_does_not_starve_other_clients() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     // 300 connections opened and held (bounded), some sending junk.
     let flood: Vec<_> = (0..300)
         .filter_map(|i| {
@@ -191,7 +186,7 @@ fn a_connection_flood_does_not_starve_other_clients() {
 
 #[test]
 fn redirects_are_passed_back_never_followed() {
-    let (gw, origin) = start();
+    let (gw, origin) = start_http();
     let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{}/redirect", origin.port())]);
     assert_eq!(out.status, 302, "{out:?}");
     assert_eq!(origin.recorded().len(), 1, "the gateway fetched nothing else");

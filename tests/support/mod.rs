@@ -117,3 +117,23 @@ pub fn curl(args: &[&str]) -> CurlOutput {
         connect_status: codes.next().unwrap_or(0),
     }
 }
+
+/// The standard gateway and a plain HTTP origin.
+pub fn start_http() -> (TestGateway, TestOrigin) {
+    let origin = TestOrigin::http();
+    (TestGateway::start(STANDARD_CONFIG, &standard_policy()), origin)
+}
+
+/// The standard gateway and a TLS origin whose certificate (test CA) names the
+/// standard test hosts.
+pub fn start_tls() -> (TestGateway, TestOrigin, tls::TestCa) {
+    let ca = tls::TestCa::new(&["tls.test", "origin.test", "rebind.test", "a.deep.wild.test"]);
+    let origin = TestOrigin::https(&ca);
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    (gw, origin, ca)
+}
+
+/// curl through the gateway as `id:token`, trusting the test CA.
+pub fn curl_via(gw: &TestGateway, ca: &tls::TestCa, id: &str, token: &str, url: &str) -> CurlOutput {
+    curl(&["--cacert", ca.ca_pem_path.to_str().unwrap(), "-x", &gw.proxy_url(id, token), url])
+}

@@ -61,8 +61,8 @@ pub fn read_response(s: &mut TcpStream) -> String {
 }
 
 /// Sends `request` on a new connection and reads exactly one response.
-pub fn request(addr: SocketAddr, request: &[u8]) -> String {
+pub fn request(addr: SocketAddr, request: impl AsRef<[u8]>) -> String {
     let mut s = connect(addr);
-    s.write_all(request).expect("write");
+    s.write_all(request.as_ref()).expect("write");
     read_response(&mut s)
 }
