@@ -193,10 +193,11 @@ pub async fn handle(
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    for h in [header::CONNECTION, header::TRANSFER_ENCODING, header::CONTENT_LENGTH, header::SET_COOKIE] {
+    crate::proxy::forward::strip_hop_by_hop(&mut parts.headers, false);
+    // Redaction can change the length.
+    for h in [header::CONTENT_LENGTH, header::SET_COOKIE] {
         parts.headers.remove(h);
     }
-    parts.headers.remove("keep-alive");
     // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
     // through as is, with its Location redacted like everything else.
     redact::headers(&mut parts.headers, secret.expose());

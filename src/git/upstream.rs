@@ -172,10 +172,10 @@ pub async fn handle(
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE, header::CONNECTION, header::TRANSFER_ENCODING] {
+    crate::proxy::forward::strip_hop_by_hop(&mut parts.headers, false);
+    for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
     }
-    parts.headers.remove("keep-alive");
     let body = crate::proxy::logged_body::LoggedBody::new(IdleBody::new(body, idle), bytes_up, rec, permit);
     Response::from_parts(parts, body.boxed_unsync())
 }

@@ -171,7 +171,7 @@ fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
 
 /// Removes hop-by-hop headers, including those named in `Connection`. For an upgrade,
 /// `Upgrade` and `Connection: upgrade` are kept so the upstream sees the handshake.
-fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
+pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     let named: Vec<HeaderName> = connection_tokens(h)
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .filter(|n| !(keep_upgrade && n == header::UPGRADE))
