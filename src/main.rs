@@ -14,7 +14,9 @@ const EXIT_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    let result = run(cli);
+    telemetry::flush();
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("egress-gateway: error: {e:#}");

@@ -1,22 +1,21 @@
 //! Logging: one JSON object per line (or human-readable text on a terminal), on stderr.
 //!
 //! Access-log events (target [`crate::access_log::TARGET`]) carry `"log":"access"` and
-//! their fields; diagnostics carry `level`, `target` and `msg`. Both carry `ts`.
+//! their fields; diagnostics carry `level`, `target` and `msg`. Both carry `ts`. Lines
+//! are written in batches off the request path ([`batch`]); [`flush`] writes what is
+//! pending, and runs before the process exits or panics.
 
-use std::fmt;
+pub mod batch;
+pub mod json;
+
 use std::io::IsTerminal;
-use std::time::SystemTime;
+use std::sync::OnceLock;
 
-use serde_json::{Map, Value};
-use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
-use tracing_subscriber::registry::LookupSpan;
 
-use crate::access_log;
 use crate::config::{LogConfig, LogFormat};
+
+static OUTPUT: OnceLock<batch::Batch> = OnceLock::new();
 
 /// Installs the global subscriber. Returns an error if one is already installed.
 pub fn init(cfg: &LogConfig) -> Result<(), String> {
@@ -28,67 +27,27 @@ pub fn init(cfg: &LogConfig) -> Result<(), String> {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let out = batch::Batch::new(Box::new(std::io::stderr()), cfg.flush_interval).map_err(|e| e.to_string())?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(out.clone());
     let res = if json {
-        builder.event_format(JsonFormat).try_init()
+        builder.event_format(json::JsonFormat).try_init()
     } else {
         builder.with_ansi(std::io::stderr().is_terminal()).try_init()
     };
-    res.map_err(|e| e.to_string())
+    res.map_err(|e| e.to_string())?;
+    if OUTPUT.set(out).is_ok() {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            flush();
+            previous(info);
+        }));
+    }
+    Ok(())
 }
 
-struct JsonFormat;
-
-impl<S, N> FormatEvent<S, N> for JsonFormat
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(&self, _ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
-        let mut map = Map::new();
-        map.insert("ts".into(), Value::String(humantime::format_rfc3339_millis(SystemTime::now()).to_string()));
-        let meta = event.metadata();
-        if meta.target() == access_log::TARGET {
-            map.insert("log".into(), Value::String("access".into()));
-        } else {
-            map.insert("level".into(), Value::String(meta.level().as_str().to_ascii_lowercase()));
-            map.insert("target".into(), Value::String(meta.target().into()));
-        }
-        event.record(&mut JsonVisitor(&mut map));
-        let line = serde_json::to_string(&map).map_err(|_| fmt::Error)?;
-        writeln!(writer, "{line}")
-    }
-}
-
-struct JsonVisitor<'a>(&'a mut Map<String, Value>);
-
-impl JsonVisitor<'_> {
-    fn key(field: &Field) -> String {
-        match field.name() {
-            "message" => "msg".to_string(),
-            // `r#type` and friends: strip the raw-identifier prefix.
-            n => n.trim_start_matches("r#").to_string(),
-        }
-    }
-}
-
-impl Visit for JsonVisitor<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0.insert(Self::key(field), Value::String(format!("{value:?}")));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(Self::key(field), Value::String(value.into()));
-    }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(Self::key(field), Value::from(value));
-    }
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(Self::key(field), Value::from(value));
-    }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(Self::key(field), Value::from(value));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.insert(Self::key(field), Value::from(value));
+/// Writes every pending log line.
+pub fn flush() {
+    if let Some(out) = OUTPUT.get() {
+        out.flush();
     }
 }

@@ -53,6 +53,7 @@ fn config_validate_cli() {
         ("[proxy]\nheader_read_timeout = \"ten\"\n", "header_read_timeout"),
         ("[egress]\ndeny = [\"10.0.0.0/33\"]\n", "egress.deny[0]: expected"),
         ("[log]\nformat = \"xml\"\n", "log.format: expected"),
+        ("[log]\nflush_interval = \"5s\"\n", "log.flush_interval: expected at most 1s"),
         ("[policy]\ndir = \"missing\"\n", "policy.dir: expected a directory"),
     ];
     for (text, expect) in cases {

@@ -220,11 +220,13 @@ impl Default for RawProxy {
 pub struct RawLog {
     pub format: String,
     pub level: String,
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
 }
 
 impl Default for RawLog {
     fn default() -> Self {
-        RawLog { format: "auto".to_string(), level: "info".to_string() }
+        RawLog { format: "auto".to_string(), level: "info".to_string(), flush_interval: Duration::from_millis(50) }
     }
 }
 

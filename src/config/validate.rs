@@ -164,6 +164,9 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// An `EnvFilter` directive such as `info` or `info,egress_gateway=debug`.
     pub level: String,
+    /// How long log lines may wait in memory before they are written together; zero
+    /// writes every line at once. Warnings and errors are always written at once.
+    pub flush_interval: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -340,7 +343,13 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
         return Err(err("log.level", &format!("expected a level such as \"info\", got {:?}", raw.log.level)));
     }
-    let log = LogConfig { format, level: raw.log.level };
+    if raw.log.flush_interval > Duration::from_secs(1) {
+        return Err(err(
+            "log.flush_interval",
+            &format!("expected at most 1s, got {}", humantime::format_duration(raw.log.flush_interval)),
+        ));
+    }
+    let log = LogConfig { format, level: raw.log.level, flush_interval: raw.log.flush_interval };
 
     let r = raw.resolver;
     let mut nameservers = Vec::with_capacity(r.nameservers.len());

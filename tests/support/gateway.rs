@@ -77,18 +77,39 @@ impl TestGateway {
         format!("http://{id}:{token}@{}", self.addr)
     }
 
-    /// Every log line so far, raw.
+    /// Every log line written so far, once the gateway's log has been quiet for longer
+    /// than its flush interval (it writes lines in batches, up to 50 ms late).
     pub fn log_text(&self) -> String {
+        self.settle();
         self.logs.lock().expect("log lock").join("\n")
     }
 
-    /// Every log line so far that is JSON.
+    /// Every JSON log line, once the log is quiet (see [`Self::log_text`]).
     pub fn log_json(&self) -> Vec<Value> {
-        self.logs.lock().expect("log lock").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+        self.settle();
+        self.json_now()
     }
 
     pub fn access_logs(&self) -> Vec<Value> {
         self.log_json().into_iter().filter(|v| v["log"] == "access").collect()
+    }
+
+    fn json_now(&self) -> Vec<Value> {
+        self.logs.lock().expect("log lock").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+
+    /// Waits (at most 5 s) until no log line has arrived for 200 ms.
+    fn settle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = usize::MAX;
+        while Instant::now() < deadline {
+            let now = self.logs.lock().expect("log lock").len();
+            if now == seen {
+                return;
+            }
+            seen = now;
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Waits for a JSON log line matching `pred` and returns it; panics with the log on
@@ -96,7 +117,7 @@ impl TestGateway {
     pub fn wait_for_log(&self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(v) = self.log_json().into_iter().find(|v| pred(v)) {
+            if let Some(v) = self.json_now().into_iter().find(|v| pred(v)) {
                 return v;
             }
             if Instant::now() > deadline {
