@@ -60,10 +60,14 @@ pub struct Resolver {
 /// TCP keepalive after `idle`, so that idle tunnels survive load balancers (the AWS
 /// NLB drops flows idle for 350 s) and dead peers are noticed.
 pub fn set_keepalive(stream: &TcpStream, idle: Duration) {
-    let ka = socket2::TcpKeepalive::new().with_time(idle).with_interval(Duration::from_secs(10));
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive_params(idle)) {
         tracing::debug!(error = %e, "cannot set TCP keepalive");
     }
+}
+
+/// Keepalive probes after `idle` without traffic, then every 10 s.
+pub fn keepalive_params(idle: Duration) -> socket2::TcpKeepalive {
+    socket2::TcpKeepalive::new().with_time(idle).with_interval(Duration::from_secs(10))
 }
 
 impl Resolver {

@@ -24,6 +24,7 @@ use crate::config::ProxyProtocol;
 /// current request and close; the caller waits for them through `shared.tasks`.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
     let limit = Arc::new(Semaphore::new(shared.config.proxy.max_connections));
+    let inherited = client_options_on_listener(&listener, shared.config.proxy.tcp_keepalive);
     let mut backoff = Duration::from_millis(5);
     loop {
         let accepted = tokio::select! {
@@ -49,8 +50,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
             shared.tasks.spawn(refuse(stream));
             continue;
         };
-        let _ = stream.set_nodelay(true);
-        crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
+        if !inherited {
+            let _ = stream.set_nodelay(true);
+            crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
+        }
         let shared = shared.clone();
         let shutdown = shutdown.clone();
         // The connection's state lives in a box freed when hyper lets go of the
@@ -58,6 +61,18 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
         // socket's registration can keep the cell alive for as long as a tunnel runs.
         shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, permit, shared, shutdown)).await });
     }
+}
+
+/// TCP_NODELAY and keepalive for client connections. Linux copies both from the
+/// listening socket to every socket it accepts, which saves four system calls per
+/// connection; elsewhere, or if the listener refuses them, each connection gets them
+/// itself (`false`).
+fn client_options_on_listener(listener: &TcpListener, keepalive: Duration) -> bool {
+    if !cfg!(target_os = "linux") {
+        return false;
+    }
+    let sock = socket2::SockRef::from(listener);
+    sock.set_tcp_nodelay(true).is_ok() && sock.set_tcp_keepalive(&crate::resolve::keepalive_params(keepalive)).is_ok()
 }
 
 /// One admitted client connection: PROXY header and allow-list admission, the TLS
@@ -194,4 +209,24 @@ async fn refuse(mut stream: TcpStream) {
     let bytes = respond::over_capacity_bytes();
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&bytes)).await;
     let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn accepted_sockets_inherit_nodelay_and_keepalive_from_the_listener() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(client_options_on_listener(&listener, Duration::from_secs(37)));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let _client = TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("{e}"));
+        let (accepted, _) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
+        let sock = socket2::SockRef::from(&accepted);
+        assert!(sock.tcp_nodelay().unwrap_or(false));
+        assert!(sock.keepalive().unwrap_or(false));
+        assert_eq!(sock.tcp_keepalive_time().ok(), Some(Duration::from_secs(37)));
+        assert_eq!(sock.tcp_keepalive_interval().ok(), Some(Duration::from_secs(10)));
+    }
 }
