@@ -99,22 +99,12 @@ impl AccessRecord {
     /// two cannot drift.
     pub fn emit(&self) {
         let elapsed = self.started.elapsed();
-        let kind = self.kind.as_str();
-        metrics::counter!(crate::metrics::PROXY_REQUESTS, "kind" => kind, "decision" => self.decision).increment(1);
+        crate::metrics::record_request(self.kind, self.decision, self.bytes_up, self.bytes_down, elapsed);
         if let Some(reason) = self.reason
             && self.decision != "allow"
         {
             metrics::counter!(crate::metrics::PROXY_DENIALS, "reason" => reason).increment(1);
         }
-        if self.bytes_up > 0 {
-            metrics::counter!(crate::metrics::PROXY_BYTES, "kind" => kind, "direction" => "up")
-                .increment(self.bytes_up);
-        }
-        if self.bytes_down > 0 {
-            metrics::counter!(crate::metrics::PROXY_BYTES, "kind" => kind, "direction" => "down")
-                .increment(self.bytes_down);
-        }
-        metrics::histogram!(crate::metrics::PROXY_DURATION, "kind" => kind).record(elapsed.as_secs_f64());
         let duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             target: TARGET,

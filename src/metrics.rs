@@ -4,8 +4,12 @@
 
 use std::sync::OnceLock;
 
-use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use std::time::Duration;
+
+use metrics::{Counter, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::access_log::Kind;
 
 /// `kind` = connect|forward|git, `decision` = allow|deny|would_deny.
 pub const PROXY_REQUESTS: &str = "egress_proxy_requests_total";
@@ -65,9 +69,67 @@ pub fn install() -> Option<PrometheusHandle> {
                 }
             };
             describe();
+            let _ = REQUEST.set(RequestMetrics::register());
             handle
         })
         .clone()
+}
+
+/// The kinds and decisions of [`PROXY_REQUESTS`], in the order of the handle arrays.
+const KINDS: [Kind; 3] = [Kind::Connect, Kind::Forward, Kind::Git];
+const DECISIONS: [&str; 3] = ["allow", "deny", "would_deny"];
+
+/// Handles for the metrics every request records, registered once when the recorder
+/// is installed: looking one up by name and labels costs a hash, a lock and an
+/// allocation, on every request.
+pub struct RequestMetrics {
+    requests: [[Counter; 3]; 3],
+    /// Per kind: up, down.
+    bytes: [[Counter; 2]; 3],
+    duration: [Histogram; 3],
+}
+
+static REQUEST: OnceLock<RequestMetrics> = OnceLock::new();
+
+impl RequestMetrics {
+    fn register() -> RequestMetrics {
+        let kind = |i: usize| KINDS[i].as_str();
+        RequestMetrics {
+            requests: std::array::from_fn(|k| {
+                std::array::from_fn(|d| counter!(PROXY_REQUESTS, "kind" => kind(k), "decision" => DECISIONS[d]))
+            }),
+            bytes: std::array::from_fn(|k| {
+                [
+                    counter!(PROXY_BYTES, "kind" => kind(k), "direction" => "up"),
+                    counter!(PROXY_BYTES, "kind" => kind(k), "direction" => "down"),
+                ]
+            }),
+            duration: std::array::from_fn(|k| histogram!(PROXY_DURATION, "kind" => kind(k))),
+        }
+    }
+
+    /// The handles, registered with whatever recorder is installed by now (none: the
+    /// handles record nothing).
+    fn get() -> &'static RequestMetrics {
+        REQUEST.get_or_init(RequestMetrics::register)
+    }
+}
+
+/// Records one finished request or tunnel.
+pub fn record_request(kind: Kind, decision: &'static str, bytes_up: u64, bytes_down: u64, elapsed: Duration) {
+    let m = RequestMetrics::get();
+    let k = KINDS.iter().position(|x| *x == kind).unwrap_or(0);
+    match DECISIONS.iter().position(|d| *d == decision) {
+        Some(d) => m.requests[k][d].increment(1),
+        None => counter!(PROXY_REQUESTS, "kind" => kind.as_str(), "decision" => decision).increment(1),
+    }
+    if bytes_up > 0 {
+        m.bytes[k][0].increment(bytes_up);
+    }
+    if bytes_down > 0 {
+        m.bytes[k][1].increment(bytes_down);
+    }
+    m.duration[k].record(elapsed.as_secs_f64());
 }
 
 fn describe() {

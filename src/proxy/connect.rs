@@ -23,30 +23,31 @@ pub async fn handle(
     shared: &Arc<Shared>,
     state: Arc<State>,
 ) -> Response<ProxyBody> {
-    let uri = req.uri();
     let mut rec = AccessRecord::with_vpce(
         Kind::Connect,
         "CONNECT",
-        raw_target(&uri.to_string()),
+        String::new(),
         conn.peer,
         state.generation,
         conn.vpce.clone(),
     );
+    // Only a refused request that never parsed needs its raw target recorded.
+    let uri = req.uri();
+    let refuse = |rec: &mut AccessRecord, hint: &str| {
+        rec.target = raw_target(&uri.to_string());
+        reject(rec, DenyReason::BadRequest, hint)
+    };
 
     if req.version() != Version::HTTP_11 {
-        return reject(&mut rec, DenyReason::BadRequest, "CONNECT requires HTTP/1.1");
+        return refuse(&mut rec, "CONNECT requires HTTP/1.1");
     }
     let authority = match (uri.scheme(), uri.path_and_query(), uri.authority()) {
         (None, None, Some(a)) => a.as_str(),
-        _ => {
-            return reject(&mut rec, DenyReason::BadRequest, "CONNECT target must be host:port");
-        }
+        _ => return refuse(&mut rec, "CONNECT target must be host:port"),
     };
     let target = match addr::parse_authority(authority, None) {
         Ok(t) => t,
-        Err(e) => {
-            return reject(&mut rec, DenyReason::BadRequest, &format!("invalid CONNECT target: {e}"));
-        }
+        Err(e) => return refuse(&mut rec, &format!("invalid CONNECT target: {e}")),
     };
     rec.target = target.to_string();
 

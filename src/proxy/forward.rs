@@ -29,35 +29,34 @@ pub async fn handle(
     shared: &Arc<Shared>,
     state: Arc<State>,
 ) -> Response<ProxyBody> {
-    let method = req.method().clone();
     let mut rec = AccessRecord::with_vpce(
         Kind::Forward,
-        method.as_str(),
-        raw_target(&req.uri().to_string()),
+        req.method().as_str(),
+        String::new(),
         conn.peer,
         state.generation,
         conn.vpce.clone(),
     );
+    // Only a refused request that never parsed needs its raw target recorded.
+    let refuse = |rec: &mut AccessRecord, hint: &str| {
+        rec.target = raw_target(&req.uri().to_string());
+        reject(rec, DenyReason::BadRequest, hint)
+    };
 
     match req.uri().scheme_str() {
         Some("http") => {}
         Some("https") => {
-            return reject(
+            return refuse(
                 &mut rec,
-                DenyReason::BadRequest,
                 "https:// URLs go through CONNECT: configure this gateway as the proxy for https too",
             );
         }
-        _ => {
-            return reject(&mut rec, DenyReason::BadRequest, "only http:// URLs can be forwarded");
-        }
+        _ => return refuse(&mut rec, "only http:// URLs can be forwarded"),
     }
     let authority = req.uri().authority().map(|a| a.as_str()).unwrap_or_default();
     let target = match addr::parse_authority(authority, Some(80)) {
         Ok(t) => t,
-        Err(e) => {
-            return reject(&mut rec, DenyReason::BadRequest, &format!("invalid URL authority: {e}"));
-        }
+        Err(e) => return refuse(&mut rec, &format!("invalid URL authority: {e}")),
     };
     rec.target = target.to_string();
 
@@ -144,16 +143,17 @@ fn upstream_request(
     Ok((Request::from_parts(parts, body), counter))
 }
 
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// Typed names: removing by a standard name hashes no string.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 fn is_upgrade(h: &HeaderMap) -> bool {
@@ -172,15 +172,17 @@ fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
 /// Removes hop-by-hop headers, including those named in `Connection`. For an upgrade,
 /// `Upgrade` and `Connection: upgrade` are kept so the upstream sees the handshake.
 pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
-    let named: Vec<HeaderName> = connection_tokens(h)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .filter(|n| !(keep_upgrade && n == header::UPGRADE))
-        .collect();
-    for n in named {
-        h.remove(n);
+    if h.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = connection_tokens(h)
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter(|n| !(keep_upgrade && n == header::UPGRADE))
+            .collect();
+        for n in named {
+            h.remove(n);
+        }
     }
     let upgrade = if keep_upgrade { h.get(header::UPGRADE).cloned() } else { None };
-    for n in HOP_BY_HOP {
+    for n in &HOP_BY_HOP {
         h.remove(n);
     }
     if let Some(u) = upgrade {
