@@ -106,6 +106,13 @@ impl AccessRecord {
             metrics::counter!(crate::metrics::PROXY_DENIALS, "reason" => reason).increment(1);
         }
         let duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        if !crate::telemetry::write_access_json(|w| self.write_json_fields(w, duration_ms)) {
+            self.trace(duration_ms);
+        }
+    }
+
+    /// The record as a tracing event: text logs, or no batch writer installed.
+    fn trace(&self, duration_ms: u64) {
         tracing::info!(
             target: TARGET,
             sandbox = self.sandbox.as_deref(),
@@ -126,5 +133,69 @@ impl AccessRecord {
             vpce = self.vpce.as_deref(),
             shadow_decision = self.shadow_decision,
         );
+    }
+
+    /// The JSON fields after `ts` and `log`, the same as [`Self::trace`] gives through
+    /// the JSON formatter, written without tracing's per-field dispatch (the access log
+    /// is one line per request).
+    fn write_json_fields(&self, w: &mut String, duration_ms: u64) -> std::fmt::Result {
+        use crate::telemetry::json::{field_display, field_str, field_u64};
+        let opt = |w: &mut String, k: &str, v: Option<&str>| v.map_or(Ok(()), |v| field_str(w, k, v));
+        opt(w, "sandbox", self.sandbox.as_deref())?;
+        field_str(w, "kind", self.kind.as_str())?;
+        field_str(w, "method", &self.method)?;
+        field_str(w, "target", &self.target)?;
+        field_str(w, "decision", self.decision)?;
+        opt(w, "reason", self.reason)?;
+        opt(w, "rule", self.rule.as_deref())?;
+        opt(w, "policy", self.policy.as_deref())?;
+        field_u64(w, "policy_generation", self.policy_generation)?;
+        if let Some(a) = self.upstream_addr {
+            field_display(w, "upstream_addr", a)?;
+        }
+        field_u64(w, "status", u64::from(self.status))?;
+        field_u64(w, "bytes_up", self.bytes_up)?;
+        field_u64(w, "bytes_down", self.bytes_down)?;
+        field_u64(w, "duration_ms", duration_ms)?;
+        field_display(w, "client_addr", self.client_addr)?;
+        opt(w, "vpce", self.vpce.as_deref())?;
+        opt(w, "shadow_decision", self.shadow_decision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_direct_json_line_has_the_fields_the_traced_one_has() {
+        let mut rec = AccessRecord::with_vpce(
+            Kind::Forward,
+            "GET",
+            "example.com:80".into(),
+            "127.0.0.1:5000".parse().unwrap_or_else(|e| panic!("{e}")),
+            7,
+            Some("vpce-1".into()),
+        );
+        rec.sandbox = Some("sbx \"quoted\"".into());
+        rec.rule = Some("*.example.com".into());
+        rec.upstream_addr = Some("[::1]:80".parse().unwrap_or_else(|e| panic!("{e}")));
+        rec.status = 200;
+        rec.bytes_down = 12;
+        rec.decision = "allow";
+
+        let mut direct = String::from("{\"ts\":\"x\",\"log\":\"access\"");
+        rec.write_json_fields(&mut direct, 3).unwrap_or_else(|e| panic!("{e}"));
+        direct.push('}');
+        let direct: serde_json::Value = serde_json::from_str(&direct).unwrap_or_else(|e| panic!("{e}: {direct}"));
+
+        let traced = crate::telemetry::json::capture(|| rec.trace(3)).remove(0);
+        let strip = |mut v: serde_json::Value| {
+            v.as_object_mut().map(|o| o.remove("ts"));
+            v
+        };
+        assert_eq!(strip(direct.clone()), strip(traced));
+        assert!(direct.get("reason").is_none(), "absent options stay absent");
+        assert_eq!(direct["upstream_addr"], "[::1]:80");
     }
 }

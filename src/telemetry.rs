@@ -16,6 +16,8 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{LogConfig, LogFormat};
 
 static OUTPUT: OnceLock<batch::Batch> = OnceLock::new();
+/// Set when lines are JSON: access records are then written by [`write_access_json`].
+static JSON: OnceLock<()> = OnceLock::new();
 
 /// Installs the global subscriber. Returns an error if one is already installed.
 pub fn init(cfg: &LogConfig) -> Result<(), String> {
@@ -35,6 +37,9 @@ pub fn init(cfg: &LogConfig) -> Result<(), String> {
         builder.with_ansi(std::io::stderr().is_terminal()).try_init()
     };
     res.map_err(|e| e.to_string())?;
+    if json {
+        let _ = JSON.set(());
+    }
     if OUTPUT.set(out).is_ok() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
@@ -43,6 +48,36 @@ pub fn init(cfg: &LogConfig) -> Result<(), String> {
         }));
     }
     Ok(())
+}
+
+/// Writes one access-log line straight to the batch, without a tracing event: `ts`,
+/// `"log":"access"`, then what `fields` writes. Returns `false` (and writes nothing)
+/// when logs are not JSON, no batch is installed, or access records are filtered out;
+/// the caller then emits a tracing event.
+pub fn write_access_json(fields: impl FnOnce(&mut String) -> std::fmt::Result) -> bool {
+    use std::fmt::Write;
+    let (Some(out), Some(())) = (OUTPUT.get(), JSON.get()) else { return false };
+    if !tracing::enabled!(target: crate::access_log::TARGET, tracing::Level::INFO) {
+        return true;
+    }
+    thread_local! {
+        static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    LINE.with(|line| {
+        let Ok(mut line) = line.try_borrow_mut() else { return false };
+        line.clear();
+        let written = write!(
+            line,
+            "{{\"ts\":\"{}\",\"log\":\"access\"",
+            humantime::format_rfc3339_millis(std::time::SystemTime::now())
+        )
+        .and_then(|()| fields(&mut line))
+        .and_then(|()| line.write_str("}\n"));
+        if written.is_ok() {
+            out.append_line(line.as_bytes());
+        }
+        written.is_ok()
+    })
 }
 
 /// Writes every pending log line.

@@ -60,6 +60,13 @@ impl Batch {
         self.inner.write_pending();
     }
 
+    /// Appends a whole line written outside tracing (the access log).
+    pub fn append_line(&self, line: &[u8]) {
+        // The only error is the direct write with a zero interval; like a failed
+        // batch write, there is nowhere to report it.
+        let _ = self.append(line, false);
+    }
+
     fn append(&self, line: &[u8], urgent: bool) -> io::Result<()> {
         let inner = &*self.inner;
         if inner.interval.is_zero() {

@@ -28,15 +28,14 @@ where
 
 /// Writes one event as a JSON object and a newline.
 pub fn write_event(w: &mut dyn Write, event: &Event<'_>, now: SystemTime) -> fmt::Result {
-    let mut names = Names::default();
-    event.record(&mut names);
     write!(w, "{{\"ts\":\"{}\"", humantime::format_rfc3339_millis(now))?;
     let meta = event.metadata();
     if meta.target() == access_log::TARGET {
-        if !names.log {
-            w.write_str(",\"log\":\"access\"")?;
-        }
+        // Access events name no field `log`.
+        w.write_str(",\"log\":\"access\"")?;
     } else {
+        let mut names = Names::default();
+        event.record(&mut names);
         if !names.level {
             write!(w, ",\"level\":\"{}\"", Lower(meta.level().as_str()))?;
         }
@@ -54,7 +53,6 @@ pub fn write_event(w: &mut dyn Write, event: &Event<'_>, now: SystemTime) -> fmt
 /// Which reserved keys the event sets itself.
 #[derive(Default)]
 struct Names {
-    log: bool,
     level: bool,
     target: bool,
 }
@@ -62,7 +60,6 @@ struct Names {
 impl Visit for Names {
     fn record_debug(&mut self, field: &Field, _: &dyn fmt::Debug) {
         match key(field) {
-            "log" => self.log = true,
             "level" => self.level = true,
             "target" => self.target = true,
             _ => {}
@@ -124,6 +121,24 @@ impl Visit for Fields<'_> {
     }
 }
 
+/// `,"key":"value"` (escaped).
+pub fn field_str(w: &mut dyn Write, key: &str, value: &str) -> fmt::Result {
+    write!(w, ",\"{key}\":")?;
+    string(w, value)
+}
+
+/// `,"key":value` for a number.
+pub fn field_u64(w: &mut dyn Write, key: &str, value: u64) -> fmt::Result {
+    write!(w, ",\"{key}\":{value}")
+}
+
+/// `,"key":"value"` with the value's `Display`, escaped.
+pub fn field_display(w: &mut dyn Write, key: &str, value: impl fmt::Display) -> fmt::Result {
+    write!(w, ",\"{key}\":\"")?;
+    write!(Escaped(w), "{value}")?;
+    w.write_char('"')
+}
+
 fn string(w: &mut dyn Write, s: &str) -> fmt::Result {
     w.write_char('"')?;
     Escaped(w).write_str(s)?;
@@ -170,6 +185,12 @@ impl fmt::Display for Lower<'_> {
     }
 }
 
+/// Runs `f` under a subscriber with this format and returns the lines it wrote.
+#[cfg(test)]
+pub fn capture(f: impl FnOnce()) -> Vec<serde_json::Value> {
+    tests::capture(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,8 +198,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::layer::SubscriberExt;
 
-    /// Runs `f` under a subscriber with this format and returns the lines it wrote.
-    fn capture(f: impl FnOnce()) -> Vec<Value> {
+    pub(super) fn capture(f: impl FnOnce()) -> Vec<Value> {
         capture_text(f)
             .iter()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
