@@ -137,6 +137,13 @@ fn absolute_form_denials_and_bad_forms() {
         assert!(resp.contains(&format!("x-egress-deny-reason: {reason}")), "{req}\n{resp}");
     }
     assert!(origin.recorded().is_empty(), "nothing may reach the origin: {:?}", origin.recorded());
+
+    // A target that never parsed is echoed raw, in the answer and in the access log.
+    let raw_target = format!("ftp://origin.test:{port}/raw-echo");
+    let resp = raw::request(gw.addr, format!("GET {raw_target} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"));
+    assert!(resp.contains(&raw_target), "{resp}");
+    let rec = gw.access_for(&raw_target);
+    assert_eq!(rec["reason"], "bad_request");
 }
 
 #[test]
