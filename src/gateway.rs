@@ -102,6 +102,8 @@ pub enum GatewayError {
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error("cannot start resolver: {0}")]
     Resolver(std::io::Error),
+    #[error("cannot start the proxy threads: {0}")]
+    Threads(std::io::Error),
 }
 
 /// How the gateway is told to stop. `drain` starts the drain (readiness off, accept for
@@ -161,7 +163,7 @@ impl Gateway {
     }
 
     /// Serves until `shutdown.drain` fires, then drains and returns.
-    pub async fn run(self, shutdown: Shutdown) {
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), GatewayError> {
         let addr = |a: std::io::Result<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
         let (proxy_addr, admin_addr) = (addr(self.proxy_addr()), addr(self.admin_addr()));
         let dns_addr = self.dns_addr().map(|a| a.to_string());
@@ -173,18 +175,20 @@ impl Gateway {
             dns = dns_addr,
             policies = st.policies.policies.len(),
             sandboxes = st.policies.sandboxes.len(),
+            proxy_threads = shared.config.proxy.threads,
             "listening"
         );
         drop(st);
 
         let stop_accepting = CancellationToken::new();
+        let proxy_threads = proxy::threads::AcceptThreads::start(proxy, shared.clone(), stop_accepting.clone())
+            .map_err(GatewayError::Threads)?;
         let admin_stop = CancellationToken::new();
         let admin_state = Arc::new(Admin { shared: shared.clone(), metrics: crate::metrics::install() });
         let admin_task = tokio::spawn(admin::serve(admin, admin_state, admin_stop.clone()));
         let reloader = tokio::spawn(reload_on_sighup(shared.clone(), stop_accepting.clone()));
         let watcher = tokio::spawn(reload_on_change(shared.clone(), stop_accepting.clone()));
         let dns_task = dns.map(|d| tokio::spawn(d.run(stop_accepting.clone())));
-        let proxy_task = tokio::spawn(proxy::server::serve(proxy, shared.clone(), stop_accepting.clone()));
 
         shutdown.drain.cancelled().await;
         shared.draining.store(true, Ordering::Relaxed);
@@ -202,7 +206,7 @@ impl Gateway {
             }
         }
         stop_accepting.cancel();
-        let _ = proxy_task.await;
+        proxy_threads.stopped().await;
         reloader.abort();
         watcher.abort();
         if let Some(t) = dns_task {
@@ -222,6 +226,7 @@ impl Gateway {
         admin_stop.cancel();
         let _ = admin_task.await;
         tracing::info!(clean = finished, "stopped");
+        Ok(())
     }
 }
 

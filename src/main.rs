@@ -131,7 +131,7 @@ fn serve(path: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>)
         }
         let shutdown = Shutdown::default();
         tokio::spawn(watch_signals(shutdown.clone()));
-        gateway.run(shutdown).await;
+        gateway.run(shutdown).await?;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -10,6 +10,7 @@ pub mod proxy_protocol;
 pub mod registry;
 pub mod respond;
 pub mod server;
+pub mod threads;
 pub mod tls;
 pub mod tunnel;
 pub mod upstream;
@@ -93,7 +94,7 @@ pub struct ConnInfo {
     pub client_cn: Option<String>,
     /// The connection's place under `proxy.max_connections`; tunnels and upgraded
     /// connections keep a clone, so they count until they close.
-    pub slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+    pub slot: Option<Arc<server::Slot>>,
 }
 
 /// Entry point for every request on the proxy port.

@@ -54,6 +54,7 @@ fn config_validate_cli() {
         ("[egress]\ndeny = [\"10.0.0.0/33\"]\n", "egress.deny[0]: expected"),
         ("[log]\nformat = \"xml\"\n", "log.format: expected"),
         ("[log]\nflush_interval = \"5s\"\n", "log.flush_interval: expected at most 1s"),
+        ("[proxy]\nthreads = 1000\n", "proxy.threads: expected 0 (one per CPU) to 256"),
         ("[policy]\ndir = \"missing\"\n", "policy.dir: expected a directory"),
     ];
     for (text, expect) in cases {

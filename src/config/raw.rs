@@ -164,6 +164,8 @@ pub struct RawProxy {
     #[serde(with = "humantime_serde")]
     pub tunnel_idle_timeout: Duration,
     pub max_connections: usize,
+    /// Accept threads, each with its own runtime; 0: one per CPU.
+    pub threads: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
     /// "off", "optional" or "required".
@@ -198,6 +200,7 @@ impl Default for RawProxy {
             response_header_timeout: Duration::from_secs(120),
             tunnel_idle_timeout: Duration::from_secs(300),
             max_connections: 10_000,
+            threads: 0,
             max_header_bytes: 32 * 1024,
             max_headers: 100,
             proxy_protocol: "off".to_string(),

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+/// The most threads `proxy.threads` may ask for.
+const MAX_PROXY_THREADS: usize = 256;
+
 use super::error::{ConfigError, DisplayPath};
 use super::raw::RawConfig;
 use crate::addr;
@@ -119,6 +122,8 @@ pub struct ProxyConfig {
     pub response_header_timeout: Duration,
     pub tunnel_idle_timeout: Duration,
     pub max_connections: usize,
+    /// Threads serving the proxy port, each running its own single-threaded runtime.
+    pub threads: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub proxy_protocol: ProxyProtocol,
@@ -318,6 +323,13 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         response_header_timeout: p.response_header_timeout,
         tunnel_idle_timeout: p.tunnel_idle_timeout,
         max_connections: p.max_connections,
+        threads: match p.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n if n > MAX_PROXY_THREADS => {
+                return Err(err("proxy.threads", &format!("expected 0 (one per CPU) to {MAX_PROXY_THREADS}, got {n}")));
+            }
+            n => n,
+        },
         max_header_bytes: p.max_header_bytes,
         max_headers: p.max_headers,
         proxy_protocol,

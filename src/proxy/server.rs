@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hyper::server::conn::http1;
@@ -20,10 +21,30 @@ use super::proxy_protocol::{self, Detect};
 use super::{ConnInfo, Shared, handle, respond};
 use crate::config::ProxyProtocol;
 
+/// A connection's place: under `proxy.max_connections`, and in its thread's count.
+pub struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _load: Option<Load>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
+
 /// Accepts until `shutdown` fires. Connections in progress are told to finish their
 /// current request and close; the caller waits for them through `shared.tasks`.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let limit = Arc::new(Semaphore::new(shared.config.proxy.max_connections));
+/// `limit` holds `proxy.max_connections` places, shared by every accept loop; with
+/// `place`, the loop is thread `me` of several and hands a connection to a thread
+/// with fewer open connections ([`Placement::pick`]).
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    limit: Arc<Semaphore>,
+    place: Option<(Arc<Placement>, usize)>,
+) {
     let inherited = client_options_on_listener(&listener, shared.config.proxy.tcp_keepalive);
     let mut backoff = Duration::from_millis(5);
     loop {
@@ -54,12 +75,84 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Cancell
             let _ = stream.set_nodelay(true);
             crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
         }
-        let shared = shared.clone();
-        let shutdown = shutdown.clone();
-        // The connection's state lives in a box freed when hyper lets go of the
-        // connection; the task cell itself stays small, because a stale waker in the
-        // socket's registration can keep the cell alive for as long as a tunnel runs.
-        shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, permit, shared, shutdown)).await });
+        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        let Some((placement, me)) = &place else {
+            let slot = Slot { _permit: permit, _load: None };
+            shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, slot, shared, shutdown)).await });
+            continue;
+        };
+        let to = placement.pick(*me);
+        let slot = Slot { _permit: permit, _load: Some(placement.count(to)) };
+        if to == *me {
+            // The connection's state lives in a box freed when hyper lets go of the
+            // connection; the task cell itself stays small, because a stale waker in the
+            // socket's registration can keep the cell alive for as long as a tunnel runs.
+            shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, slot, shared, shutdown)).await });
+            continue;
+        }
+        // Another thread's reactor must own the socket: leave this one's, join that one's.
+        let std_stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(client_addr = %peer, error = %e, "cannot hand a connection to another thread");
+                continue;
+            }
+        };
+        let handoff = async move {
+            match TcpStream::from_std(std_stream) {
+                Ok(stream) => Box::pin(connection(stream, peer, slot, shared, shutdown)).await,
+                Err(e) => tracing::debug!(client_addr = %peer, error = %e, "handed-over connection lost"),
+            }
+        };
+        placement.spawn_on(to, handoff);
+    }
+}
+
+/// The proxy threads' open-connection counts and runtimes.
+pub struct Placement {
+    load: Vec<AtomicUsize>,
+    handles: Vec<tokio::runtime::Handle>,
+    tasks: tokio_util::task::TaskTracker,
+}
+
+/// One connection in a thread's count, until dropped.
+pub struct Load {
+    placement: Arc<Placement>,
+    thread: usize,
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.placement.load[self.thread].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Placement {
+    pub fn new(handles: Vec<tokio::runtime::Handle>, tasks: tokio_util::task::TaskTracker) -> Placement {
+        Placement { load: handles.iter().map(|_| AtomicUsize::new(0)).collect(), handles, tasks }
+    }
+
+    /// The thread for a connection thread `me` accepted: `me`, unless another has
+    /// fewer open connections by more than one and an eighth, which keeps hand-overs
+    /// (two extra system calls) rare once loads are even while a handful of bulk
+    /// tunnels still spread across threads.
+    pub fn pick(&self, me: usize) -> usize {
+        let load = |i: usize| self.load.get(i).map_or(usize::MAX, |l| l.load(Ordering::Relaxed));
+        let (least, least_load) = (0..self.load.len()).map(|i| (i, load(i))).min_by_key(|&(_, l)| l).unwrap_or((me, 0));
+        if load(me) > least_load + least_load / 8 { least } else { me }
+    }
+
+    fn count(self: &Arc<Self>, thread: usize) -> Load {
+        if let Some(l) = self.load.get(thread) {
+            l.fetch_add(1, Ordering::Relaxed);
+        }
+        Load { placement: self.clone(), thread }
+    }
+
+    fn spawn_on(&self, thread: usize, fut: impl Future<Output = ()> + Send + 'static) {
+        if let Some(h) = self.handles.get(thread) {
+            self.tasks.spawn_on(fut, h);
+        }
     }
 }
 
@@ -77,17 +170,11 @@ fn client_options_on_listener(listener: &TcpListener, keepalive: Duration) -> bo
 
 /// One admitted client connection: PROXY header and allow-list admission, the TLS
 /// handshake when configured, then hyper until the connection closes or is upgraded.
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-) {
+async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc<Shared>, shutdown: CancellationToken) {
     let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
     let mut stream = stream;
     if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
-        conn.slot = Some(Arc::new(permit));
+        conn.slot = Some(Arc::new(slot));
         match &shared.tls {
             None => serve_connection(stream, conn, shared, shutdown).await,
             Some(tls) => {
@@ -214,6 +301,29 @@ async fn refuse(mut stream: TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_go_to_a_thread_with_clearly_fewer() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|e| panic!("{e}"));
+        let handles = vec![rt.handle().clone(), rt.handle().clone()];
+        let p = Arc::new(Placement::new(handles, tokio_util::task::TaskTracker::new()));
+        assert_eq!(p.pick(0), 0, "even loads: keep it");
+        let first = p.count(0);
+        assert_eq!(p.pick(0), 1, "1 against 0: hand it over");
+        assert_eq!(p.pick(1), 1);
+        let second = p.count(1);
+        assert_eq!(p.pick(0), 0);
+        drop(second);
+        assert_eq!(p.pick(0), 1, "a closed connection leaves the count");
+        drop(first);
+        // Within an eighth, loads count as even: no hand-over (two system calls).
+        let mut held: Vec<Load> = (0..17).map(|_| p.count(0)).collect();
+        held.extend((0..16).map(|_| p.count(1)));
+        assert_eq!(p.pick(0), 0, "17 against 16");
+        held.push(p.count(0));
+        held.push(p.count(0));
+        assert_eq!(p.pick(0), 1, "19 against 16");
+    }
 
     #[cfg(target_os = "linux")]
     #[tokio::test]
