@@ -15,9 +15,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
 
-static OUTPUT: OnceLock<batch::Batch> = OnceLock::new();
-/// Set when lines are JSON: access records are then written by [`write_access_json`].
-static JSON: OnceLock<()> = OnceLock::new();
+/// The installed output, and whether its lines are JSON (access records are then
+/// written by [`write_access_json`]).
+static OUTPUT: OnceLock<(batch::Batch, bool)> = OnceLock::new();
 
 /// Installs the global subscriber. Returns an error if one is already installed.
 pub fn init(cfg: &LogConfig) -> Result<(), String> {
@@ -37,10 +37,7 @@ pub fn init(cfg: &LogConfig) -> Result<(), String> {
         builder.with_ansi(std::io::stderr().is_terminal()).try_init()
     };
     res.map_err(|e| e.to_string())?;
-    if json {
-        let _ = JSON.set(());
-    }
-    if OUTPUT.set(out).is_ok() {
+    if OUTPUT.set((out, json)).is_ok() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             flush();
@@ -52,11 +49,11 @@ pub fn init(cfg: &LogConfig) -> Result<(), String> {
 
 /// Writes one access-log line straight to the batch, without a tracing event: `ts`,
 /// `"log":"access"`, then what `fields` writes. Returns `false` (and writes nothing)
-/// when logs are not JSON, no batch is installed, or access records are filtered out;
-/// the caller then emits a tracing event.
+/// when logs are not JSON or no batch is installed; the caller then emits a tracing
+/// event. When the log filter drops access records, writes nothing and returns `true`.
 pub fn write_access_json(fields: impl FnOnce(&mut String) -> std::fmt::Result) -> bool {
     use std::fmt::Write;
-    let (Some(out), Some(())) = (OUTPUT.get(), JSON.get()) else { return false };
+    let Some((out, true)) = OUTPUT.get() else { return false };
     if !tracing::enabled!(target: crate::access_log::TARGET, tracing::Level::INFO) {
         return true;
     }
@@ -66,13 +63,9 @@ pub fn write_access_json(fields: impl FnOnce(&mut String) -> std::fmt::Result) -
     LINE.with(|line| {
         let Ok(mut line) = line.try_borrow_mut() else { return false };
         line.clear();
-        let written = write!(
-            line,
-            "{{\"ts\":\"{}\",\"log\":\"access\"",
-            humantime::format_rfc3339_millis(std::time::SystemTime::now())
-        )
-        .and_then(|()| fields(&mut line))
-        .and_then(|()| line.write_str("}\n"));
+        let written = json::access_head(&mut *line, std::time::SystemTime::now())
+            .and_then(|()| fields(&mut line))
+            .and_then(|()| line.write_str("}\n"));
         if written.is_ok() {
             out.append_line(line.as_bytes());
         }
@@ -82,7 +75,7 @@ pub fn write_access_json(fields: impl FnOnce(&mut String) -> std::fmt::Result) -
 
 /// Writes every pending log line.
 pub fn flush() {
-    if let Some(out) = OUTPUT.get() {
+    if let Some((out, _)) = OUTPUT.get() {
         out.flush();
     }
 }

@@ -28,12 +28,12 @@ where
 
 /// Writes one event as a JSON object and a newline.
 pub fn write_event(w: &mut dyn Write, event: &Event<'_>, now: SystemTime) -> fmt::Result {
-    write!(w, "{{\"ts\":\"{}\"", humantime::format_rfc3339_millis(now))?;
     let meta = event.metadata();
     if meta.target() == access_log::TARGET {
         // Access events name no field `log`.
-        w.write_str(",\"log\":\"access\"")?;
+        access_head(w, now)?;
     } else {
+        write!(w, "{{\"ts\":\"{}\"", humantime::format_rfc3339_millis(now))?;
         let mut names = Names::default();
         event.record(&mut names);
         if !names.level {
@@ -48,6 +48,11 @@ pub fn write_event(w: &mut dyn Write, event: &Event<'_>, now: SystemTime) -> fmt
     event.record(&mut fields);
     fields.result?;
     w.write_str("}\n")
+}
+
+/// The start of an access-log line: `{"ts":"...","log":"access"`.
+pub fn access_head(w: &mut dyn Write, now: SystemTime) -> fmt::Result {
+    write!(w, "{{\"ts\":\"{}\",\"log\":\"access\"", humantime::format_rfc3339_millis(now))
 }
 
 /// Which reserved keys the event sets itself.
