@@ -59,12 +59,15 @@ pub fn build_shared(
         resolver.record_dials_instead(r);
     }
     let resolver = Arc::new(resolver);
-    let client = Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(64)
-        .set_host(false)
-        .build(VettingConnector::new(resolver.clone()));
+    let client = || {
+        Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(64)
+            .set_host(false)
+            .build(VettingConnector::new(resolver.clone()))
+    };
+    let clients = (0..config.proxy.threads.max(1)).map(|_| client()).collect();
     let tls = match &config.proxy.tls {
         Some((cert, key)) => {
             Some(crate::proxy::tls::TlsState::load(cert, key, config.proxy.tls_client_ca.as_deref(), &config.file)?)
@@ -80,7 +83,7 @@ pub fn build_shared(
         store: Store::new(loaded),
         config,
         resolver,
-        client,
+        clients,
         tasks: TaskTracker::new(),
         hard_stop: CancellationToken::new(),
         draining: AtomicBool::new(false),

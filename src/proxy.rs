@@ -44,7 +44,9 @@ pub struct Shared {
     pub config: Config,
     pub store: Store,
     pub resolver: Arc<Resolver>,
-    pub client: UpstreamClient,
+    /// One pooled client per proxy thread ([`Shared::client`]), so a pooled upstream
+    /// connection is driven by the thread whose requests use it.
+    pub clients: Vec<UpstreamClient>,
     /// Tunnels and upgraded connections outlive their request; they are tracked here so
     /// shutdown can wait for them.
     pub tasks: TaskTracker,
@@ -63,6 +65,12 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The calling proxy thread's upstream client (the first one off those threads).
+    pub fn client(&self) -> &UpstreamClient {
+        let i = threads::current().unwrap_or(0);
+        &self.clients[i % self.clients.len()]
+    }
+
     /// Reloads policies, shadow policies, token keys and revocations; on success closes
     /// open tunnels the new state no longer allows (`proxy.close_revoked_tunnels`).
     pub fn reload(&self) -> Result<u64, crate::config::ConfigError> {

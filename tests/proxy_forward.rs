@@ -86,6 +86,10 @@ fn keep_alive_serves_several_requests_on_one_connection() {
     assert_eq!(logs.len(), 3, "{logs:?}");
     let client = &logs[0]["client_addr"];
     assert!(logs.iter().all(|l| &l["client_addr"] == client), "one client connection reused: {logs:?}");
+    // Upstream, the pooled connection is reused too.
+    let peers: Vec<_> = origin.recorded().iter().map(|r| r.peer).collect();
+    assert_eq!(peers.len(), 3);
+    assert!(peers.iter().all(|p| *p == peers[0]), "one upstream connection reused: {peers:?}");
 }
 
 #[test]

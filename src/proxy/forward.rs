@@ -75,7 +75,7 @@ pub async fn handle(
     let (up_req, bytes_up) = up_req;
 
     let timeout = shared.config.proxy.response_header_timeout;
-    let mut resp = match tokio::time::timeout(timeout, shared.client.request(up_req)).await {
+    let mut resp = match tokio::time::timeout(timeout, shared.client().request(up_req)).await {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
             let (reason, detail) = match upstream::dial_error(&e) {

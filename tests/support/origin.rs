@@ -25,6 +25,8 @@ use super::tls::TestCa;
 
 #[derive(Debug, Clone)]
 pub struct Recorded {
+    /// The connection the request came on (the gateway's upstream socket).
+    pub peer: SocketAddr,
     pub method: String,
     pub uri: String,
     pub headers: Vec<(String, String)>,
@@ -39,6 +41,7 @@ pub struct TestOrigin {
 
 #[derive(Clone, Default)]
 struct Ctx {
+    peer: Option<SocketAddr>,
     requests: Arc<Mutex<Vec<Recorded>>>,
     git_root: Option<PathBuf>,
     /// Every path is a repository path (`/OWNER/REPO.git/...`), as on GitHub.
@@ -76,7 +79,7 @@ impl TestOrigin {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind origin");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
-        let ctx = Ctx { requests: Arc::default(), git_root, github_layout };
+        let ctx = Ctx { peer: None, requests: Arc::default(), git_root, github_layout };
         let requests = ctx.requests.clone();
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -86,11 +89,11 @@ impl TestOrigin {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
                 let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
                 loop {
-                    let (stream, _) = tokio::select! {
+                    let (stream, peer) = tokio::select! {
                         _ = &mut stop_rx => break,
                         a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
                     };
-                    let ctx = ctx.clone();
+                    let ctx = Ctx { peer: Some(peer), ..ctx.clone() };
                     let acceptor = acceptor.clone();
                     tokio::spawn(async move {
                         let svc = service_fn(move |req| {
@@ -153,6 +156,7 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
     ctx.requests.lock().expect("lock").push(Recorded {
+        peer: ctx.peer.expect("set per connection"),
         method: req.method().to_string(),
         uri: req.uri().to_string(),
         headers: headers.clone(),
