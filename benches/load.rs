@@ -9,7 +9,8 @@
 //! (5,000 idle tunnels); CPU seconds per GiB relayed. Every phase is bounded in time.
 //!
 //! Environment: LOAD_SECONDS (per rate phase, default 5), LOAD_IDLE_TUNNELS (5000),
-//! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,direct).
+//! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,direct),
+//! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, reason = "bench output")]
 
 #[path = "load/client.rs"]
@@ -80,8 +81,8 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
     let setups = client::connect_setups(p, o.http, 32, secs).await;
     (row.setups, row.setup_p50, row.setup_p99) = (setups.rate, setups.p50, setups.p99);
     eprintln!(
-        "  CONNECT setups: {:.0}/s p50 {:?} p99 {:?} ({} errors)",
-        setups.rate, setups.p50, setups.p99, setups.errors
+        "  CONNECT setups: {:.0}/s p50 {:?} p99 {:?} (p90 {:?} p99.9 {:?} max {:?}; {} errors)",
+        setups.rate, setups.p50, setups.p99, setups.tail[0], setups.tail[1], setups.tail[2], setups.errors
     );
 
     let ka = client::wrk_keepalive(p, o.http, 32, secs);

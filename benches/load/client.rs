@@ -15,6 +15,8 @@ pub struct Rate {
     pub rate: f64,
     pub p50: Duration,
     pub p99: Duration,
+    /// p90, p99.9 and the maximum, for the progress line (wrk reports only p90).
+    pub tail: [Duration; 3],
     pub errors: u64,
 }
 
@@ -116,6 +118,7 @@ pub async fn connect_setups(p: &Proxy, http: SocketAddr, workers: usize, dur: Du
         rate: lat.len() as f64 / elapsed.as_secs_f64(),
         p50: percentile(&lat, 0.5),
         p99: percentile(&lat, 0.99),
+        tail: [percentile(&lat, 0.9), percentile(&lat, 0.999), lat.last().copied().unwrap_or_default()],
         errors,
     }
 }
@@ -150,7 +153,8 @@ pub fn wrk_keepalive(p: &Proxy, http: SocketAddr, conns: usize, dur: Duration) -
         .filter(|l| l.contains("Non-2xx") || l.contains("Socket errors"))
         .flat_map(|l| l.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).collect::<Vec<_>>())
         .sum();
-    Rate { rate, p50: wrk_duration(field("50%")), p99: wrk_duration(field("99%")), errors }
+    let tail = [wrk_duration(field("90%")), Duration::ZERO, Duration::ZERO];
+    Rate { rate, p50: wrk_duration(field("50%")), p99: wrk_duration(field("99%")), tail, errors }
 }
 
 /// wrk prints latencies as `1.23ms`, `456.00us` or `1.02s`.

@@ -56,6 +56,7 @@ impl Proxy {
         std::fs::create_dir_all(d.join("policy")).unwrap();
         let port = free_port();
         let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
+        let threads = std::env::var("LOAD_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
         std::fs::write(
             d.join("policy/bench.toml"),
             format!(
@@ -69,6 +70,7 @@ impl Proxy {
                 r#"[proxy]
 listen = "127.0.0.1:{port}"
 max_connections = 30000
+threads = {threads}
 sandbox_max_concurrent = 0
 sandbox_max_per_second = 0
 [log]
