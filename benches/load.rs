@@ -8,6 +8,10 @@
 //! (wrk); tunnel throughput (4 streams of 1 GiB); resident memory per idle tunnel
 //! (5,000 idle tunnels); CPU seconds per GiB relayed. Every phase is bounded in time.
 //!
+//! The proxies take turns for LOAD_ROUNDS rounds (default 3); the table gives each
+//! figure's median over the rounds, and each ratio's median with its range, every ratio
+//! taken within one round, so a slow minute on a shared machine moves one round only.
+//!
 //! Environment: LOAD_SECONDS (per rate phase, default 5), LOAD_IDLE_TUNNELS (5000),
 //! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,direct),
 //! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU).
@@ -55,25 +59,27 @@ fn main() {
     let shm = std::path::Path::new("/dev/shm");
     let work = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
 
-    let mut rows: Vec<(&str, Row)> = Vec::new();
-    for name in ["gateway", "squid", "tinyproxy", "direct"] {
-        if !only.split(',').any(|o| o == name) {
-            continue;
+    let rounds = env_u64("LOAD_ROUNDS", 3).max(1);
+    let names: Vec<&str> =
+        ["gateway", "squid", "tinyproxy", "direct"].into_iter().filter(|n| only.split(',').any(|o| o == *n)).collect();
+    let mut runs: Vec<Vec<Row>> = vec![Vec::new(); names.len()];
+    for round in 1..=rounds {
+        for (name, rows) in names.iter().zip(&mut runs) {
+            let proxy = match *name {
+                "gateway" => Proxy::gateway(work.path(), &origins),
+                "squid" => Proxy::squid(work.path(), &origins),
+                "tinyproxy" => Proxy::tinyproxy(work.path(), &origins),
+                _ => Proxy::direct(),
+            };
+            eprintln!("== {name} (round {round} of {rounds})");
+            rows.push(rt.block_on(measure(&proxy, &origins, secs, idle_n, stream_bytes)));
+            drop(proxy);
+            // Let TIME_WAIT sockets and the previous proxy's exit settle.
+            std::thread::sleep(Duration::from_secs(2));
         }
-        let proxy = match name {
-            "gateway" => Proxy::gateway(work.path(), &origins),
-            "squid" => Proxy::squid(work.path(), &origins),
-            "tinyproxy" => Proxy::tinyproxy(work.path(), &origins),
-            _ => Proxy::direct(),
-        };
-        eprintln!("== {name}");
-        let row = rt.block_on(measure(&proxy, &origins, secs, idle_n, stream_bytes));
-        rows.push((name, row));
-        drop(proxy);
-        // Let TIME_WAIT sockets and the previous proxy's exit settle.
-        std::thread::sleep(Duration::from_secs(2));
     }
-    print_table(&rows, idle_n, stream_bytes);
+    let runs: Vec<(&str, Vec<Row>)> = names.into_iter().zip(runs).collect();
+    print_table(&runs, idle_n, stream_bytes);
 }
 
 async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, stream_bytes: u64) -> Row {
@@ -105,11 +111,41 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
     row
 }
 
-fn print_table(rows: &[(&str, Row)], idle_n: usize, stream_bytes: u64) {
+/// The median of `values` (the upper one of an even count; 0 for none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Each figure's median over the rounds.
+fn median_row(rows: &[Row]) -> Row {
+    let f = |get: &dyn Fn(&Row) -> f64| median(rows.iter().map(get).collect());
+    let d = |get: &dyn Fn(&Row) -> Duration| Duration::from_secs_f64(f(&|r| get(r).as_secs_f64()));
+    let o = |get: &dyn Fn(&Row) -> Option<f64>| {
+        let v: Option<Vec<f64>> = rows.iter().map(get).collect();
+        v.filter(|v| !v.is_empty()).map(median)
+    };
+    Row {
+        setups: f(&|r| r.setups),
+        setup_p50: d(&|r| r.setup_p50),
+        setup_p99: d(&|r| r.setup_p99),
+        rps: f(&|r| r.rps),
+        rps_p50: d(&|r| r.rps_p50),
+        rps_p99: d(&|r| r.rps_p99),
+        gibps: f(&|r| r.gibps),
+        cpu_per_gib: o(&|r| r.cpu_per_gib),
+        idle_kib: o(&|r| r.idle_kib),
+    }
+}
+
+fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
+    let rows: Vec<(&str, Row)> = runs.iter().map(|(n, r)| (*n, median_row(r))).collect();
+    let rounds = runs.first().map_or(0, |(_, r)| r.len());
     let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0);
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
     let header: Vec<&str> = rows.iter().map(|(n, _)| *n).collect();
     println!();
+    println!("medians of {rounds} round(s):");
     println!("| metric | {} |", header.join(" | "));
     println!("|---|{}", "---|".repeat(rows.len()));
     type Cell = Box<dyn Fn(&Row) -> String>;
@@ -128,22 +164,35 @@ fn print_table(rows: &[(&str, Row)], idle_n: usize, stream_bytes: u64) {
         let cells: Vec<String> = rows.iter().map(|(_, r)| cell(r)).collect();
         println!("| {name} | {} |", cells.join(" | "));
     }
-    let Some((_, gw)) = rows.iter().find(|(n, _)| *n == "gateway") else { return };
+    let Some((_, gw)) = runs.iter().find(|(n, _)| *n == "gateway") else { return };
     println!();
-    println!("gateway ratios (higher is better for rates, lower for latency, memory and CPU):");
-    for (name, r) in rows.iter().filter(|(n, _)| *n != "gateway") {
-        let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}x", a / b) } else { "-".into() };
-        let mut parts = vec![
-            format!("setups {}", ratio(gw.setups, r.setups)),
-            format!("setup p99 {}", ratio(gw.setup_p99.as_secs_f64(), r.setup_p99.as_secs_f64())),
-            format!("keep-alive {}", ratio(gw.rps, r.rps)),
-            format!("throughput {}", ratio(gw.gibps, r.gibps)),
-        ];
-        if let (Some(a), Some(b)) = (gw.idle_kib, r.idle_kib) {
-            parts.push(format!("idle memory {}", ratio(a, b)));
-        }
-        if let (Some(a), Some(b)) = (gw.cpu_per_gib, r.cpu_per_gib) {
-            parts.push(format!("CPU/GiB {}", ratio(a, b)));
+    println!("gateway ratios, each within one round: median (range); higher is better for rates,");
+    println!("lower for latency, memory and CPU:");
+    type Metric = fn(&Row) -> Option<f64>;
+    let metrics: [(&str, Metric); 6] = [
+        ("setups", |r| Some(r.setups)),
+        ("setup p99", |r| Some(r.setup_p99.as_secs_f64())),
+        ("keep-alive", |r| Some(r.rps)),
+        ("throughput", |r| Some(r.gibps)),
+        ("idle memory", |r| r.idle_kib),
+        ("CPU/GiB", |r| r.cpu_per_gib),
+    ];
+    for (name, peer) in runs.iter().filter(|(n, _)| *n != "gateway") {
+        let mut parts = Vec::new();
+        for (label, get) in &metrics {
+            let ratios: Vec<f64> = gw
+                .iter()
+                .zip(peer)
+                .filter_map(|(g, p)| Some((get(g)?, get(p)?)))
+                .filter(|(_, p)| *p > 0.0)
+                .map(|(g, p)| g / p)
+                .collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+            let range = if ratios.len() > 1 { format!(" ({lo:.2}-{hi:.2})") } else { String::new() };
+            parts.push(format!("{label} {:.2}x{range}", median(ratios)));
         }
         println!("  vs {name}: {}", parts.join(", "));
     }
