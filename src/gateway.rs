@@ -136,9 +136,7 @@ impl Gateway {
             TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { what, addr, source })
         };
         let config = &shared.config;
-        let proxy = proxy::threads::bind(config.proxy.listen, config.proxy.threads)
-            .and_then(TcpListener::from_std)
-            .map_err(|source| GatewayError::Bind { what: "proxy", addr: config.proxy.listen, source })?;
+        let proxy = bind("proxy", config.proxy.listen).await?;
         let admin = bind("admin", config.admin.listen).await?;
         let dns = match &config.dns {
             Some(d) => Some(DnsServer::bind(d).await.map_err(|source| GatewayError::Bind {
