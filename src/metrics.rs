@@ -6,7 +6,9 @@ use std::sync::OnceLock;
 
 use std::time::Duration;
 
-use metrics::{Counter, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, histogram};
+use metrics::{
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::access_log::Kind;
@@ -87,6 +89,8 @@ pub struct RequestMetrics {
     /// Per kind: up, down.
     bytes: [[Counter; 2]; 3],
     duration: [Histogram; 3],
+    /// Open connections, open tunnels.
+    active: [Gauge; 2],
 }
 
 static REQUEST: OnceLock<RequestMetrics> = OnceLock::new();
@@ -105,6 +109,7 @@ impl RequestMetrics {
                 ]
             }),
             duration: std::array::from_fn(|k| histogram!(PROXY_DURATION, "kind" => kind(k))),
+            active: [gauge!(PROXY_CONNECTIONS_ACTIVE), gauge!(PROXY_TUNNELS_ACTIVE)],
         }
     }
 
@@ -137,7 +142,11 @@ fn describe() {
     describe_counter!(PROXY_DENIALS, Unit::Count, "Denied proxy requests, by reason");
     describe_counter!(PROXY_BYTES, Unit::Bytes, "Bytes relayed, by kind and direction");
     describe_histogram!(PROXY_DURATION, Unit::Seconds, "Lifetime of a proxy request or tunnel");
-    describe_gauge!(PROXY_CONNECTIONS_ACTIVE, Unit::Count, "Open client connections on the proxy port");
+    describe_gauge!(
+        PROXY_CONNECTIONS_ACTIVE,
+        Unit::Count,
+        "Open client connections on the proxy port, tunnels included"
+    );
     describe_gauge!(PROXY_TUNNELS_ACTIVE, Unit::Count, "Open CONNECT tunnels and upgraded connections");
     describe_counter!(PROXY_CONNECTIONS_REFUSED, Unit::Count, "Connections closed at proxy.max_connections");
     describe_counter!(PROXY_PROTOCOL_REJECTED, Unit::Count, "Connections closed by PROXY protocol admission, by why");
@@ -159,7 +168,11 @@ pub struct ActiveGuard(metrics::Gauge);
 
 impl ActiveGuard {
     pub fn new(gauge: &'static str) -> Self {
-        let g = metrics::gauge!(gauge);
+        let g = match gauge {
+            PROXY_CONNECTIONS_ACTIVE => RequestMetrics::get().active[0].clone(),
+            PROXY_TUNNELS_ACTIVE => RequestMetrics::get().active[1].clone(),
+            other => gauge!(other),
+        };
         g.increment(1.0);
         ActiveGuard(g)
     }

@@ -46,6 +46,28 @@ fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)])
 }
 
 #[test]
+fn open_connections_and_tunnels_are_gauged() {
+    let (gw, origin) = support::start_http();
+    let gauges = |gw: &TestGateway| {
+        let s = scrape(gw);
+        (value(&s, "egress_proxy_connections_active", &[]), value(&s, "egress_proxy_tunnels_active", &[]))
+    };
+    let mut tunnel = raw::connect(gw.addr);
+    let target = format!("origin.test:{}", origin.port());
+    let auth = basic("sbx-a", TOKEN_A);
+    write!(tunnel, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n").unwrap();
+    assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
+    assert_eq!(gauges(&gw), (1.0, 1.0), "one client connection carrying one tunnel");
+
+    drop(tunnel);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gauges(&gw) != (0.0, 0.0) {
+        assert!(Instant::now() < deadline, "gauges stay at {:?} after the tunnel closed", gauges(&gw));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
 fn metrics_are_scraped_and_labels_stay_bounded() {
     let origin = TestOrigin::http();
     let config = format!(

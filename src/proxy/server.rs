@@ -21,10 +21,12 @@ use super::proxy_protocol::{self, Detect};
 use super::{ConnInfo, Shared, handle, respond};
 use crate::config::ProxyProtocol;
 
-/// A connection's place: under `proxy.max_connections`, and in its thread's count.
+/// A connection's place: under `proxy.max_connections`, in its thread's count and in
+/// the open-connections gauge, until the connection and any tunnel on it close.
 pub struct Slot {
     _permit: tokio::sync::OwnedSemaphorePermit,
     _load: Option<Load>,
+    _active: crate::metrics::ActiveGuard,
 }
 
 impl std::fmt::Debug for Slot {
@@ -77,12 +79,12 @@ pub async fn serve(
         }
         let (shared, shutdown) = (shared.clone(), shutdown.clone());
         let Some((placement, me)) = &place else {
-            let slot = Slot { _permit: permit, _load: None };
+            let slot = Slot { _permit: permit, _load: None, _active: open_connection() };
             shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, slot, shared, shutdown)).await });
             continue;
         };
         let to = placement.pick(*me);
-        let slot = Slot { _permit: permit, _load: Some(placement.count(to)) };
+        let slot = Slot { _permit: permit, _load: Some(placement.count(to)), _active: open_connection() };
         if to == *me {
             // The connection's state lives in a box freed when hyper lets go of the
             // connection; the task cell itself stays small, because a stale waker in the
@@ -106,6 +108,10 @@ pub async fn serve(
         };
         placement.spawn_on(to, handoff);
     }
+}
+
+fn open_connection() -> crate::metrics::ActiveGuard {
+    crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE)
 }
 
 /// The proxy threads' open-connection counts and runtimes.
@@ -171,7 +177,6 @@ fn client_options_on_listener(listener: &TcpListener, keepalive: Duration) -> bo
 /// One admitted client connection: PROXY header and allow-list admission, the TLS
 /// handshake when configured, then hyper until the connection closes or is upgraded.
 async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE);
     let mut stream = stream;
     if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
         conn.slot = Some(Arc::new(slot));
