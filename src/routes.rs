@@ -105,14 +105,14 @@ pub async fn handle(
     let Some(route) = candidates.iter().find(|r| identity.policy.routes().contains(&r.name)) else {
         let hint =
             format!("policy {} does not list route {:?} (policies.NAME.routes)", identity.policy.name(), first.name);
-        return finish(&mut rec, DenyReason::HostNotAllowed, None, &hint, entry);
+        return finish(&mut rec, DenyReason::RouteNotAllowed, None, &hint, entry);
     };
     rec.target = format!("route:{}", route.name);
     rec.rule = Some(format!("routes {:?}", route.name));
     if !route.methods.is_empty() && !route.methods.iter().any(|m| m == &method) {
         return finish(
             &mut rec,
-            DenyReason::HostNotAllowed,
+            DenyReason::RouteNotAllowed,
             Some(StatusCode::FORBIDDEN),
             &format!("method {method} is not allowed on route {}", route.name),
             entry,
@@ -134,7 +134,7 @@ pub async fn handle(
     {
         return finish(
             &mut rec,
-            DenyReason::HostNotAllowed,
+            DenyReason::RouteNotAllowed,
             Some(StatusCode::FORBIDDEN),
             &format!("path {path_only} is not allowed on route {}", route.name),
             entry,

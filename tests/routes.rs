@@ -109,12 +109,17 @@ fn policies_paths_methods_and_budgets() {
     let resp = get("/echo", "sbx-b", TOKEN_B, "GET");
     assert_eq!(status(&resp), 403, "{resp}");
     assert!(resp.contains("does not list route"), "{resp}");
+    assert!(resp.contains("\"reason\":\"route_not_allowed\""), "{resp}");
     let resp = get("/bytes/10", "sbx-a", TOKEN_A, "GET");
     assert_eq!(status(&resp), 403);
     assert!(resp.contains("path /bytes/10 is not allowed"), "{resp}");
+    assert!(resp.contains("\"reason\":\"route_not_allowed\""), "{resp}");
     let resp = get("/echo", "sbx-a", TOKEN_A, "DELETE");
     assert_eq!(status(&resp), 403);
     assert!(resp.contains("method DELETE"), "{resp}");
+    assert!(resp.contains("\"reason\":\"route_not_allowed\""), "{resp}");
+    let refused = w.gw.access_logs().into_iter().filter(|v| v["reason"] == "route_not_allowed").count();
+    assert_eq!(refused, 3, "every route refusal is logged with its reason");
     let resp = get("/echo/../bytes/1", "sbx-a", TOKEN_A, "GET");
     assert_ne!(status(&resp), 200);
     // Budget: 3 per minute, and 3 of them are left (refusals before the budget do not count).

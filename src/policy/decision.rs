@@ -16,6 +16,7 @@ pub enum DenyReason {
     RepoNotConnected,
     GitWriteDenied,
     GitRefDenied,
+    RouteNotAllowed,
     BadRequest,
     UpstreamUnreachable,
     UpstreamTimeout,
@@ -23,7 +24,7 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 15] = [
+    pub const ALL: [DenyReason; 16] = [
         DenyReason::AuthRequired,
         DenyReason::AuthInvalid,
         DenyReason::TokenExpired,
@@ -35,6 +36,7 @@ impl DenyReason {
         DenyReason::RepoNotConnected,
         DenyReason::GitWriteDenied,
         DenyReason::GitRefDenied,
+        DenyReason::RouteNotAllowed,
         DenyReason::BadRequest,
         DenyReason::UpstreamUnreachable,
         DenyReason::UpstreamTimeout,
@@ -54,6 +56,7 @@ impl DenyReason {
             DenyReason::RepoNotConnected => "repo_not_connected",
             DenyReason::GitWriteDenied => "git_write_denied",
             DenyReason::GitRefDenied => "git_ref_denied",
+            DenyReason::RouteNotAllowed => "route_not_allowed",
             DenyReason::BadRequest => "bad_request",
             DenyReason::UpstreamUnreachable => "upstream_unreachable",
             DenyReason::UpstreamTimeout => "upstream_timeout",
@@ -75,6 +78,7 @@ impl DenyReason {
             DenyReason::RepoNotConnected => "repository is not connected for this sandbox",
             DenyReason::GitWriteDenied => "pushing to this repository is not allowed",
             DenyReason::GitRefDenied => "pushing to this ref is not allowed",
+            DenyReason::RouteNotAllowed => "the API route does not allow this request",
             DenyReason::BadRequest => "malformed or unsupported request",
             DenyReason::UpstreamUnreachable => "upstream could not be reached",
             DenyReason::UpstreamTimeout => "upstream did not answer in time",
