@@ -167,14 +167,19 @@ fn describe() {
 pub struct ActiveGuard(metrics::Gauge);
 
 impl ActiveGuard {
-    pub fn new(gauge: &'static str) -> Self {
-        let g = match gauge {
-            PROXY_CONNECTIONS_ACTIVE => RequestMetrics::get().active[0].clone(),
-            PROXY_TUNNELS_ACTIVE => RequestMetrics::get().active[1].clone(),
-            other => gauge!(other),
-        };
+    /// One open client connection on the proxy port (tunnels included).
+    pub fn connection() -> Self {
+        Self::count(&RequestMetrics::get().active[0])
+    }
+
+    /// One open CONNECT tunnel or upgraded connection.
+    pub fn tunnel() -> Self {
+        Self::count(&RequestMetrics::get().active[1])
+    }
+
+    fn count(g: &Gauge) -> Self {
         g.increment(1.0);
-        ActiveGuard(g)
+        ActiveGuard(g.clone())
     }
 }
 

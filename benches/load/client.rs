@@ -15,7 +15,7 @@ pub struct Rate {
     pub rate: f64,
     pub p50: Duration,
     pub p99: Duration,
-    /// p90, p99.9 and the maximum, for the progress line (wrk reports only p90).
+    /// p90, p99.9 and the maximum, for the progress line (CONNECT setups only).
     pub tail: [Duration; 3],
     pub errors: u64,
 }
@@ -153,8 +153,7 @@ pub fn wrk_keepalive(p: &Proxy, http: SocketAddr, conns: usize, dur: Duration) -
         .filter(|l| l.contains("Non-2xx") || l.contains("Socket errors"))
         .flat_map(|l| l.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).collect::<Vec<_>>())
         .sum();
-    let tail = [wrk_duration(field("90%")), Duration::ZERO, Duration::ZERO];
-    Rate { rate, p50: wrk_duration(field("50%")), p99: wrk_duration(field("99%")), tail, errors }
+    Rate { rate, p50: wrk_duration(field("50%")), p99: wrk_duration(field("99%")), tail: Default::default(), errors }
 }
 
 /// wrk prints latencies as `1.23ms`, `456.00us` or `1.02s`.

@@ -75,7 +75,7 @@ pub async fn handle(
     let slot = conn.slot.clone();
     shared.tasks.spawn(async move {
         let (_permit, _slot) = (permit, slot);
-        let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_TUNNELS_ACTIVE);
+        let _active = crate::metrics::ActiveGuard::tunnel();
         let _registered = task_shared.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
         match on_upgrade.await {
             Ok(upgraded) => {

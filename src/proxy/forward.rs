@@ -101,7 +101,7 @@ pub async fn handle(
         let (sandbox_id, shared_for_task) = (sandbox.sandbox.clone(), shared.clone());
         let slot = conn.slot.clone();
         shared.tasks.spawn(async move {
-            let _active = crate::metrics::ActiveGuard::new(crate::metrics::PROXY_TUNNELS_ACTIVE);
+            let _active = crate::metrics::ActiveGuard::tunnel();
             let (_permit, _slot) = (permit, slot);
             let _registered =
                 shared_for_task.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());

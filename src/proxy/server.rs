@@ -79,12 +79,16 @@ pub async fn serve(
         }
         let (shared, shutdown) = (shared.clone(), shutdown.clone());
         let Some((placement, me)) = &place else {
-            let slot = Slot { _permit: permit, _load: None, _active: open_connection() };
+            let slot = Slot { _permit: permit, _load: None, _active: crate::metrics::ActiveGuard::connection() };
             shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, slot, shared, shutdown)).await });
             continue;
         };
         let to = placement.pick(*me);
-        let slot = Slot { _permit: permit, _load: Some(placement.count(to)), _active: open_connection() };
+        let slot = Slot {
+            _permit: permit,
+            _load: Some(placement.count(to)),
+            _active: crate::metrics::ActiveGuard::connection(),
+        };
         if to == *me {
             // The connection's state lives in a box freed when hyper lets go of the
             // connection; the task cell itself stays small, because a stale waker in the
@@ -108,10 +112,6 @@ pub async fn serve(
         };
         placement.spawn_on(to, handoff);
     }
-}
-
-fn open_connection() -> crate::metrics::ActiveGuard {
-    crate::metrics::ActiveGuard::new(crate::metrics::PROXY_CONNECTIONS_ACTIVE)
 }
 
 /// The proxy threads' open-connection counts and runtimes.
