@@ -60,8 +60,10 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, with_body: bool) ->
     Ok(status)
 }
 
-/// Opens a tunnel to `target` (or a direct connection when there is no proxy).
+/// Opens a tunnel to `target` (or a direct connection when there is no proxy); `buf` is left holding any
+/// tunnel bytes that arrived with the proxy's answer.
 async fn open(p: &Proxy, target: SocketAddr, auth: &str, buf: &mut Vec<u8>) -> std::io::Result<TcpStream> {
+    buf.clear();
     let Some(proxy) = p.addr else {
         let s = TcpStream::connect(target).await?;
         s.set_nodelay(true)?;
@@ -74,6 +76,10 @@ async fn open(p: &Proxy, target: SocketAddr, auth: &str, buf: &mut Vec<u8>) -> s
     let status = read_response(&mut s, buf, false).await?;
     if status != 200 {
         return Err(std::io::Error::other(format!("CONNECT answered {status}")));
+    }
+    // Keep only what arrived after the answer's head: the tunnel's first bytes.
+    if let Some(i) = find(buf, b"\r\n\r\n") {
+        buf.drain(..i + 4);
     }
     Ok(s)
 }
@@ -189,7 +195,7 @@ pub async fn throughput(p: &Proxy, source: SocketAddr, streams: usize, each: u64
             let mut head = Vec::new();
             let Ok(mut s) = open(&proxy, source, &auth, &mut head).await else { return 0 };
             let mut buf = vec![0u8; 256 * 1024];
-            let mut got = 0u64;
+            let mut got = head.len() as u64;
             let deadline = start + limit;
             while got < each {
                 match tokio::time::timeout_at(deadline.into(), s.read(&mut buf)).await {
