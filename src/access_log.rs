@@ -14,6 +14,9 @@ pub enum Kind {
     Connect,
     Forward,
     Git,
+    /// A request the HTTP parser refused before the gateway saw it: no method, target
+    /// or sandbox is known.
+    Unparsed,
 }
 
 impl Kind {
@@ -22,6 +25,7 @@ impl Kind {
             Kind::Connect => "connect",
             Kind::Forward => "forward",
             Kind::Git => "git",
+            Kind::Unparsed => "unparsed",
         }
     }
 }
@@ -47,6 +51,11 @@ pub struct AccessRecord {
     pub vpce: Option<String>,
     /// Set only when the shadow policies decide differently.
     pub shadow_decision: Option<&'static str>,
+}
+
+/// `None` for an empty string: an unparsed request has no method or target to log.
+fn non_empty(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
 }
 
 /// Longest raw target echoed into logs and error bodies.
@@ -117,8 +126,8 @@ impl AccessRecord {
             target: TARGET,
             sandbox = self.sandbox.as_deref(),
             kind = self.kind.as_str(),
-            method = self.method.as_str(),
-            target = self.target.as_str(),
+            method = non_empty(&self.method),
+            target = non_empty(&self.target),
             decision = self.decision,
             reason = self.reason,
             rule = self.rule.as_deref(),
@@ -143,8 +152,8 @@ impl AccessRecord {
         let opt = |w: &mut String, k: &str, v: Option<&str>| v.map_or(Ok(()), |v| field_str(w, k, v));
         opt(w, "sandbox", self.sandbox.as_deref())?;
         field_str(w, "kind", self.kind.as_str())?;
-        field_str(w, "method", &self.method)?;
-        field_str(w, "target", &self.target)?;
+        opt(w, "method", non_empty(&self.method))?;
+        opt(w, "target", non_empty(&self.target))?;
         field_str(w, "decision", self.decision)?;
         opt(w, "reason", self.reason)?;
         opt(w, "rule", self.rule.as_deref())?;

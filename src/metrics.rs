@@ -78,17 +78,17 @@ pub fn install() -> Option<PrometheusHandle> {
 }
 
 /// The kinds and decisions of [`PROXY_REQUESTS`], in the order of the handle arrays.
-const KINDS: [Kind; 3] = [Kind::Connect, Kind::Forward, Kind::Git];
+const KINDS: [Kind; 4] = [Kind::Connect, Kind::Forward, Kind::Git, Kind::Unparsed];
 const DECISIONS: [&str; 3] = ["allow", "deny", "would_deny"];
 
 /// Handles for the metrics every request records, registered once when the recorder
 /// is installed: looking one up by name and labels costs a hash, a lock and an
 /// allocation, on every request.
 pub struct RequestMetrics {
-    requests: [[Counter; 3]; 3],
+    requests: [[Counter; 3]; 4],
     /// Per kind: up, down.
-    bytes: [[Counter; 2]; 3],
-    duration: [Histogram; 3],
+    bytes: [[Counter; 2]; 4],
+    duration: [Histogram; 4],
     /// Open connections, open tunnels.
     active: [Gauge; 2],
 }

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use support::raw::{self, read_response, status};
-use support::{TOKEN_A, basic, curl, start_http};
+use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy, start_http};
 
 #[test]
 fn malformed_heads_are_refused_and_reach_nothing() {
@@ -130,6 +130,40 @@ fn oversized_heads_get_431_and_do_not_disturb_others() {
     let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{port}/echo")]);
     assert_eq!(out.status, 200, "{out:?}");
     assert_eq!(origin.recorded().len(), 1);
+
+    // The parser's own answers are in the access log, with a reason.
+    gw.wait_for_log(Duration::from_secs(5), |v| v["kind"] == "forward");
+    let refused: Vec<_> = gw.access_logs().into_iter().filter(|v| v["kind"] == "unparsed").collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    for v in &refused {
+        assert_eq!(v["reason"], "request_too_large", "{v}");
+        assert_eq!(v["status"], 431, "{v}");
+        assert_eq!(v["decision"], "deny", "{v}");
+        assert!(v["client_addr"].as_str().is_some_and(|a| a.starts_with("127.0.0.1:")), "{v}");
+        assert!(v.get("method").is_none() && v.get("target").is_none() && v.get("sandbox").is_none(), "{v}");
+    }
+}
+
+#[test]
+fn parser_refusals_are_logged_with_a_reason() {
+    // A head limit above 65,534 bytes, so that a long URI is refused as a URI (414).
+    let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nmax_header_bytes = 131072\n");
+    let gw = TestGateway::start(&config, &standard_policy());
+    let origin = TestOrigin::http();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let garbage = [0x16, 0x03, 0x01, 0x02, 0x00, b'\r', b'\n', b'\r', b'\n'];
+    assert_eq!(status(&raw::exchange(gw.addr, &garbage)), 400);
+    let long_uri =
+        format!("GET http://origin.test:{port}/{} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n", "u".repeat(70_000));
+    assert_eq!(status(&raw::exchange(gw.addr, long_uri.as_bytes())), 414);
+    let v = gw.wait_for_log(Duration::from_secs(5), |v| v["kind"] == "unparsed" && v["status"] == 414);
+    assert_eq!(v["reason"], "request_too_large", "{v}");
+    let v = gw.wait_for_log(Duration::from_secs(5), |v| v["kind"] == "unparsed" && v["status"] == 400);
+    assert_eq!(v["reason"], "bad_request", "{v}");
+    assert!(origin.recorded().is_empty());
+    let text = gw.log_text();
+    assert!(!text.contains(TOKEN_A), "a token reached the log");
 }
 
 #[test]

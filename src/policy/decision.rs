@@ -18,13 +18,14 @@ pub enum DenyReason {
     GitRefDenied,
     RouteNotAllowed,
     BadRequest,
+    RequestTooLarge,
     UpstreamUnreachable,
     UpstreamTimeout,
     LimitExceeded,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 16] = [
+    pub const ALL: [DenyReason; 17] = [
         DenyReason::AuthRequired,
         DenyReason::AuthInvalid,
         DenyReason::TokenExpired,
@@ -38,6 +39,7 @@ impl DenyReason {
         DenyReason::GitRefDenied,
         DenyReason::RouteNotAllowed,
         DenyReason::BadRequest,
+        DenyReason::RequestTooLarge,
         DenyReason::UpstreamUnreachable,
         DenyReason::UpstreamTimeout,
         DenyReason::LimitExceeded,
@@ -58,6 +60,7 @@ impl DenyReason {
             DenyReason::GitRefDenied => "git_ref_denied",
             DenyReason::RouteNotAllowed => "route_not_allowed",
             DenyReason::BadRequest => "bad_request",
+            DenyReason::RequestTooLarge => "request_too_large",
             DenyReason::UpstreamUnreachable => "upstream_unreachable",
             DenyReason::UpstreamTimeout => "upstream_timeout",
             DenyReason::LimitExceeded => "limit_exceeded",
@@ -80,6 +83,7 @@ impl DenyReason {
             DenyReason::GitRefDenied => "pushing to this ref is not allowed",
             DenyReason::RouteNotAllowed => "the API route does not allow this request",
             DenyReason::BadRequest => "malformed or unsupported request",
+            DenyReason::RequestTooLarge => "request head or URI is larger than the gateway accepts",
             DenyReason::UpstreamUnreachable => "upstream could not be reached",
             DenyReason::UpstreamTimeout => "upstream did not answer in time",
             DenyReason::LimitExceeded => "a gateway limit was exceeded",

@@ -29,6 +29,7 @@ pub fn status_for(reason: DenyReason) -> StatusCode {
             StatusCode::PROXY_AUTHENTICATION_REQUIRED
         }
         DenyReason::BadRequest => StatusCode::BAD_REQUEST,
+        DenyReason::RequestTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
         DenyReason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         DenyReason::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,

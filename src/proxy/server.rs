@@ -19,7 +19,9 @@ use std::net::SocketAddr;
 
 use super::proxy_protocol::{self, Detect};
 use super::{ConnInfo, Shared, handle, respond};
+use crate::access_log::{AccessRecord, Kind};
 use crate::config::ProxyProtocol;
+use crate::policy::DenyReason;
 
 /// A connection's place: under `proxy.max_connections`, in its thread's count and in
 /// the open-connections gauge, until the connection and any tunnel on it close.
@@ -293,7 +295,32 @@ pub async fn serve_stream<I>(
     };
     if let Err(e) = result {
         tracing::debug!(client_addr = %conn.peer, error = %e, "connection ended with an error");
+        if let Some((reason, status)) = parser_refusal(&e) {
+            let generation = shared.store.snapshot().generation;
+            let mut rec =
+                AccessRecord::with_vpce(Kind::Unparsed, "", String::new(), conn.peer, generation, conn.vpce.clone());
+            rec.reason = Some(reason.code());
+            rec.status = status;
+            rec.emit();
+        }
     }
+}
+
+/// The refusal hyper wrote on its own before it closed a connection (a bare 400, 414
+/// or 431, for a request it could not parse or that broke `proxy.max_header_bytes` or
+/// `proxy.max_headers`): the reason and status to log. `None` for every other error,
+/// where nothing was answered.
+fn parser_refusal(e: &hyper::Error) -> Option<(DenyReason, u16)> {
+    if !e.is_parse() || e.is_parse_status() || e.is_parse_version_h2() {
+        return None;
+    }
+    if e.is_parse_too_large() {
+        // A head over the limits gets 431, a URI over 65,534 bytes 414; hyper tells the
+        // two apart only in its message.
+        let status = if e.to_string().contains("URI") { 414 } else { 431 };
+        return Some((DenyReason::RequestTooLarge, status));
+    }
+    Some((DenyReason::BadRequest, 400))
 }
 
 /// Answers a connection over the limit with `503 limit_exceeded` and closes it.
