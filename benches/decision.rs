@@ -1,14 +1,20 @@
 //! Criterion benches for the hot pure functions: policy decisions at 10 to 100k rules
-//! (exact hit, wildcard hit at depth 1 and 4, miss), target parsing, token checks.
+//! (exact hit, wildcard hit at depth 1 and 4, miss), target parsing, token checks
+//! (static, and signed with HS256 and EdDSA).
 //!
 //!     cargo bench --bench decision
+#![allow(clippy::expect_used, clippy::panic, reason = "a bench fails loudly on bad setup")]
 
+use std::collections::{HashMap, HashSet};
 use std::hint::black_box;
+use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use egress_gateway::addr::parse_authority;
 use egress_gateway::auth::{self, Credentials};
 use egress_gateway::policy::{Mode, Policy, PolicySet, RuleList, Sandbox};
+use egress_gateway::tokens::{Claims, Key, Verifier};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
 
 fn policy(n: usize) -> Policy {
     let mut b = Policy::builder("p", Mode::Enforce, &[80, 443]);
@@ -65,5 +71,60 @@ fn tokens(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decisions, parsing, tokens);
+/// The whole check of a signed token (header, key, signature, claims, policy lookup),
+/// as every request that presents one pays it.
+fn signed_tokens(c: &mut Criterion) {
+    let mut set = PolicySet::default();
+    set.policies.insert("p".into(), std::sync::Arc::new(policy(10)));
+    let secret = b"0123456789abcdef0123456789abcdef";
+    let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("ed25519 key");
+    let mut keys = HashMap::new();
+    let hs = Key {
+        alg: Algorithm::HS256,
+        decoding: DecodingKey::from_secret(secret).expect("hs256 key"),
+        encoding: Some(EncodingKey::from_secret(secret).expect("hs256 key")),
+    };
+    keys.insert("k-hs".to_string(), hs);
+    let eddsa = Key {
+        alg: Algorithm::EdDSA,
+        decoding: DecodingKey::from_ed_pem(ed.public_key_pem().as_bytes()).expect("ed25519 public key"),
+        encoding: Some(EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).expect("ed25519 private key")),
+    };
+    keys.insert("k-ed".to_string(), eddsa);
+    let verifier = Verifier::new(keys, Duration::from_secs(3600), Duration::from_secs(5), HashSet::new());
+    let now = egress_gateway::tokens::now();
+    let claims = Claims {
+        sub: "sbx-1".into(),
+        pol: "p".into(),
+        exp: now + 1800,
+        iat: Some(now),
+        nbf: None,
+        jti: Some("jti-1".into()),
+        repos: None,
+    };
+    for (name, kid) in [("hs256", "k-hs"), ("eddsa", "k-ed")] {
+        // First use: a new token (its own jti) each time, so the signature is checked.
+        let mut n = 0u64;
+        c.bench_function(&format!("authenticate_signed_token_{name}_first_use"), |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    let fresh = Claims { jti: Some(format!("jti-{n}")), ..claims.clone() };
+                    Credentials::new("sbx-1", &verifier.mint(kid, &fresh).expect("mint"))
+                },
+                |creds| black_box(auth::authenticate(&set, &verifier, &creds, now).is_ok()),
+                BatchSize::SmallInput,
+            )
+        });
+        // Every later request with the same token: the verifier remembers it.
+        let creds = Credentials::new("sbx-1", &verifier.mint(kid, &claims).expect("mint"));
+        // A bench of the refusal path would say nothing about the cost of a good token.
+        assert!(auth::authenticate(&set, &verifier, &creds, now).is_ok(), "{name} token refused");
+        c.bench_function(&format!("authenticate_signed_token_{name}_again"), |b| {
+            b.iter(|| black_box(auth::authenticate(&set, &verifier, black_box(&creds), now).is_ok()))
+        });
+    }
+}
+
+criterion_group!(benches, decisions, parsing, tokens, signed_tokens);
 criterion_main!(benches);
