@@ -16,6 +16,8 @@ pub struct Proxy {
     pub name: &'static str,
     /// `None`: direct connections to the origin.
     pub addr: Option<SocketAddr>,
+    /// The proxy password the clients send: `TOKEN`, or the gateway's signed token.
+    secret: String,
     child: Option<Child>,
 }
 
@@ -39,7 +41,32 @@ fn spawn(name: &'static str, cmd: &mut Command, port: u16, log: &Path) -> Proxy 
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err).spawn().unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_listening(addr, &mut child, log);
-    Proxy { name, addr: Some(addr), child: Some(child) }
+    Proxy { name, addr: Some(addr), secret: TOKEN.into(), child: Some(child) }
+}
+
+/// With `LOAD_GATEWAY_TOKEN=hs256|eddsa`: a `[tokens]` section with one key of that
+/// kind (its files written to `d`), for a signed token minted once the config exists.
+fn signed_token_section(d: &Path, alg: &str) -> String {
+    match alg {
+        "hs256" => {
+            std::fs::write(d.join("hs.secret"), "bench-hs256-secret-0123456789abcdef-0123456789").unwrap();
+            format!(
+                "[tokens]\n[[tokens.keys]]\nkid = \"k\"\nalg = \"HS256\"\nsecret_file = \"{}\"\n",
+                d.join("hs.secret").display()
+            )
+        }
+        "eddsa" => {
+            let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+            std::fs::write(d.join("ed.key"), kp.serialize_pem()).unwrap();
+            std::fs::write(d.join("ed.pub"), kp.public_key_pem()).unwrap();
+            format!(
+                "[tokens]\n[[tokens.keys]]\nkid = \"k\"\nalg = \"EdDSA\"\npublic_key_file = \"{}\"\nprivate_key_file = \"{}\"\n",
+                d.join("ed.pub").display(),
+                d.join("ed.key").display()
+            )
+        }
+        other => panic!("LOAD_GATEWAY_TOKEN={other}: expected hs256 or eddsa"),
+    }
 }
 
 fn dir(work: &Path, name: &str) -> std::path::PathBuf {
@@ -57,6 +84,8 @@ impl Proxy {
         let port = free_port();
         let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
         let threads = std::env::var("LOAD_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
+        let signed = std::env::var("LOAD_GATEWAY_TOKEN").ok().filter(|v| !v.is_empty());
+        let tokens = signed.as_deref().map(|alg| signed_token_section(&d, alg)).unwrap_or_default();
         std::fs::write(
             d.join("policy/bench.toml"),
             format!(
@@ -86,13 +115,24 @@ nameservers = ["127.0.0.1:9"]
 hosts_file = false
 [egress]
 allow = ["127.0.0.1/32"]
-"#
+{tokens}"#
             ),
         )
         .unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-gateway"));
         cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
-        spawn("gateway", &mut cmd, port, &d.join("gateway.log"))
+        let mut proxy = spawn("gateway", &mut cmd, port, &d.join("gateway.log"));
+        if signed.is_some() {
+            let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+                .args(["token", "mint", "--config"])
+                .arg(d.join("gateway.toml"))
+                .args(["--kid", "k", "--sandbox", USER, "--policy", "bench", "--ttl", "1h"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "token mint: {}", String::from_utf8_lossy(&out.stderr));
+            proxy.secret = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        }
+        proxy
     }
 
     pub fn squid(work: &Path, _o: &super::origin::Origins) -> Proxy {
@@ -165,12 +205,12 @@ DisableViaHeader Yes
     }
 
     pub fn direct() -> Proxy {
-        Proxy { name: "direct", addr: None, child: None }
+        Proxy { name: "direct", addr: None, secret: TOKEN.into(), child: None }
     }
 
     /// The same proxy's address without ownership of its process, for client tasks.
     pub fn handle(&self) -> Proxy {
-        Proxy { name: self.name, addr: self.addr, child: None }
+        Proxy { name: self.name, addr: self.addr, secret: self.secret.clone(), child: None }
     }
 
     pub fn is_proxy(&self) -> bool {
@@ -179,7 +219,7 @@ DisableViaHeader Yes
 
     /// `Proxy-Authorization` value for the bench credential.
     pub fn auth(&self) -> String {
-        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{TOKEN}")))
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{}", self.secret)))
     }
 
     fn pids(&self) -> Vec<u32> {
