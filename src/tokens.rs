@@ -11,7 +11,7 @@
 //! A token whose signature verified is remembered, by the SHA-256 of the token, for
 //! the rest of its generation: later requests with it only repeat the claim checks
 //! (time, subject, revocation), not the signature (an EdDSA check costs about 40 µs,
-//! twice a whole CONNECT setup's CPU). Refused tokens are never remembered, and a
+//! half of a whole CONNECT setup's CPU). Refused tokens are never remembered, and a
 //! reload builds a new verifier with an empty memory.
 
 use std::collections::{HashMap, HashSet};

@@ -3,9 +3,10 @@
 //! pipe and from the pipe into the destination socket, never entering user space;
 //! pipes come from a shared pool and are held only while bytes are in flight. A
 //! direction whose last chunk filled its pipe (a bulk transfer) takes a larger pipe,
-//! which cuts the system calls per byte by up to four; how many large pipes exist is capped, so the
-//! kernel's per-user pipe budget stays mostly free. Where a pipe cannot be had (another
-//! OS, descriptors exhausted) a chunk is copied through a buffer allocated for that chunk.
+//! which cuts the system calls per byte by up to four; how many large pipes exist is
+//! capped, so the kernel's per-user pipe budget stays mostly free. Where a pipe cannot
+//! be had (another OS, descriptors exhausted) a chunk is copied through a buffer
+//! allocated for that chunk.
 
 use std::io;
 use std::net::Shutdown;
