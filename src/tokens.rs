@@ -114,14 +114,18 @@ impl Verifier {
         let c = self.verify_signed(token, user, now)?;
         let mut verified = self.verified();
         if verified.len() >= VERIFIED_MAX {
-            let leeway = self.leeway.as_secs();
-            verified.retain(|_, c| c.exp.saturating_add(leeway) >= now);
+            verified.retain(|_, c| !self.expired(c, now));
             if verified.len() >= VERIFIED_MAX {
                 verified.clear();
             }
         }
         verified.insert(digest, c.clone());
         Ok(c)
+    }
+
+    /// Past `exp`, allowing for `tokens.leeway`.
+    fn expired(&self, c: &Claims, now: u64) -> bool {
+        c.exp.saturating_add(self.leeway.as_secs()) < now
     }
 
     /// The full check: header, key, signature, then the claims.
@@ -157,7 +161,7 @@ impl Verifier {
         // The library checks exp and nbf against its own clock; check against ours too
         // so that callers (and tests) control time.
         let leeway = self.leeway.as_secs();
-        if c.exp.saturating_add(leeway) < now {
+        if self.expired(c, now) {
             return Err(TokenError::Expired);
         }
         if c.nbf.is_some_and(|nbf| nbf > now.saturating_add(leeway)) {
