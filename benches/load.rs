@@ -13,7 +13,7 @@
 //! taken within one round, so a slow minute on a shared machine moves one round only.
 //!
 //! Environment: LOAD_SECONDS (per rate phase, default 5), LOAD_IDLE_TUNNELS (5000),
-//! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,direct),
+//! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,relay,direct),
 //! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, reason = "bench output")]
 
@@ -23,6 +23,8 @@ mod client;
 mod origin;
 #[path = "load/peers.rs"]
 mod peers;
+#[path = "load/relay.rs"]
+mod relay;
 
 use std::time::Duration;
 
@@ -47,10 +49,14 @@ struct Row {
 }
 
 fn main() {
+    if let Ok(listen) = std::env::var(relay::LISTEN_VAR) {
+        relay::serve(&listen);
+        return;
+    }
     let secs = Duration::from_secs(env_u64("LOAD_SECONDS", 5));
     let idle_n = env_u64("LOAD_IDLE_TUNNELS", 5000) as usize;
     let stream_bytes = env_u64("LOAD_STREAM_MIB", 1024) << 20;
-    let only = std::env::var("LOAD_ONLY").unwrap_or_else(|_| "gateway,squid,tinyproxy,direct".into());
+    let only = std::env::var("LOAD_ONLY").unwrap_or_else(|_| "gateway,squid,tinyproxy,relay,direct".into());
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let origins = rt.block_on(origin::Origins::start(stream_bytes));
@@ -60,8 +66,10 @@ fn main() {
     let work = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
 
     let rounds = env_u64("LOAD_ROUNDS", 3).max(1);
-    let names: Vec<&str> =
-        ["gateway", "squid", "tinyproxy", "direct"].into_iter().filter(|n| only.split(',').any(|o| o == *n)).collect();
+    let names: Vec<&str> = ["gateway", "squid", "tinyproxy", "relay", "direct"]
+        .into_iter()
+        .filter(|n| only.split(',').any(|o| o == *n))
+        .collect();
     let mut runs: Vec<Vec<Row>> = vec![Vec::new(); names.len()];
     for round in 1..=rounds {
         for (name, rows) in names.iter().zip(&mut runs) {
@@ -69,6 +77,7 @@ fn main() {
                 "gateway" => Proxy::gateway(work.path(), &origins),
                 "squid" => Proxy::squid(work.path(), &origins),
                 "tinyproxy" => Proxy::tinyproxy(work.path(), &origins),
+                "relay" => Proxy::relay(work.path(), &origins),
                 _ => Proxy::direct(),
             };
             eprintln!("== {name} (round {round} of {rounds})");
@@ -91,9 +100,12 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
         setups.rate, setups.p50, setups.p99, setups.tail[0], setups.tail[1], setups.tail[2], setups.errors
     );
 
-    let ka = client::wrk_keepalive(p, o.http, 32, secs);
-    (row.rps, row.rps_p50, row.rps_p99) = (ka.rate, ka.p50, ka.p99);
-    eprintln!("  keep-alive: {:.0} req/s p50 {:?} p99 {:?} ({} errors)", ka.rate, ka.p50, ka.p99, ka.errors);
+    // The bare relay carries tunnels only; it has no keep-alive figure.
+    if p.name != "relay" {
+        let ka = client::wrk_keepalive(p, o.http, 32, secs);
+        (row.rps, row.rps_p50, row.rps_p99) = (ka.rate, ka.p50, ka.p99);
+        eprintln!("  keep-alive: {:.0} req/s p50 {:?} p99 {:?} ({} errors)", ka.rate, ka.p50, ka.p99, ka.errors);
+    }
 
     let cpu_before = p.cpu_seconds();
     let tp = client::throughput(p, o.source, 4, stream_bytes, Duration::from_secs(120)).await;
@@ -153,9 +165,10 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         ("CONNECT setups/s", Box::new(|r: &Row| format!("{:.0}", r.setups))),
         ("CONNECT p50 ms", Box::new(move |r: &Row| ms(r.setup_p50))),
         ("CONNECT p99 ms", Box::new(move |r: &Row| ms(r.setup_p99))),
-        ("keep-alive req/s", Box::new(|r: &Row| format!("{:.0}", r.rps))),
-        ("keep-alive p50 ms", Box::new(move |r: &Row| ms(r.rps_p50))),
-        ("keep-alive p99 ms", Box::new(move |r: &Row| ms(r.rps_p99))),
+        // A zero rate: the phase did not run (the bare relay forwards no requests).
+        ("keep-alive req/s", Box::new(|r: &Row| if r.rps > 0.0 { format!("{:.0}", r.rps) } else { "-".into() })),
+        ("keep-alive p50 ms", Box::new(move |r: &Row| if r.rps > 0.0 { ms(r.rps_p50) } else { "-".into() })),
+        ("keep-alive p99 ms", Box::new(move |r: &Row| if r.rps > 0.0 { ms(r.rps_p99) } else { "-".into() })),
         ("tunnel GiB/s (4 streams)", Box::new(|r: &Row| format!("{:.2}", r.gibps))),
         ("proxy CPU s per GiB", Box::new(move |r: &Row| opt(r.cpu_per_gib, 2))),
         ("KiB per idle tunnel", Box::new(move |r: &Row| opt(r.idle_kib, 1))),

@@ -204,6 +204,15 @@ DisableViaHeader Yes
         spawn("tinyproxy", &mut cmd, port, &d.join("stderr.log"))
     }
 
+    /// The bare relay of `relay.rs`, run as a child process of this bench binary.
+    pub fn relay(work: &Path, _o: &super::origin::Origins) -> Proxy {
+        let d = dir(work, "relay");
+        let port = free_port();
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.env(super::relay::LISTEN_VAR, format!("127.0.0.1:{port}"));
+        spawn("relay", &mut cmd, port, &d.join("stderr.log"))
+    }
+
     pub fn direct() -> Proxy {
         Proxy { name: "direct", addr: None, secret: TOKEN.into(), child: None }
     }
