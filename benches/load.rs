@@ -1,5 +1,6 @@
 //! Load benchmark: egress-gateway against Squid and tinyproxy (each configured for the
-//! same job: basic auth, a destination allowlist, no cache, access logging) and a
+//! same job: basic auth, a destination allowlist, no cache, access logging), a bare
+//! relay with none of that (`load/relay.rs`, the floor under any proxy here) and a
 //! direct connection, in one run, on loopback. Run it through `bash benches/load.sh`,
 //! which installs the peers; `cargo bench --bench load` works once they are present.
 //!
@@ -14,7 +15,9 @@
 //!
 //! Environment: LOAD_SECONDS (per rate phase, default 5), LOAD_IDLE_TUNNELS (5000),
 //! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,relay,direct),
-//! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU).
+//! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU),
+//! LOAD_PROXY_CPUS and LOAD_CLIENT_CPUS (`taskset` CPU lists for the proxies and for
+//! this process, the load generator and origins; unset: no pinning).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, reason = "bench output")]
 
 #[path = "load/client.rs"]
@@ -53,6 +56,7 @@ fn main() {
         relay::serve(&listen);
         return;
     }
+    peers::pin_client();
     let secs = Duration::from_secs(env_u64("LOAD_SECONDS", 5));
     let idle_n = env_u64("LOAD_IDLE_TUNNELS", 5000) as usize;
     let stream_bytes = env_u64("LOAD_STREAM_MIB", 1024) << 20;
@@ -177,6 +181,24 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         let cells: Vec<String> = rows.iter().map(|(_, r)| cell(r)).collect();
         println!("| {name} | {} |", cells.join(" | "));
     }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cores = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
+    let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).and_then(|l| l.split(':').nth(1));
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let pinning = match (var("LOAD_PROXY_CPUS"), var("LOAD_CLIENT_CPUS")) {
+        (None, None) => String::new(),
+        (p, c) => format!(
+            "; proxies on CPUs {}, load generator on CPUs {}",
+            p.as_deref().unwrap_or("any"),
+            c.as_deref().unwrap_or("any")
+        ),
+    };
+    println!();
+    println!(
+        "{idle_n} idle tunnels; 4 streams of {} MiB; machine: {cores} cores, {}{pinning}",
+        stream_bytes >> 20,
+        model.unwrap_or("").trim()
+    );
     let Some((_, gw)) = runs.iter().find(|(n, _)| *n == "gateway") else { return };
     println!();
     println!("gateway ratios, each within one round: median (range); higher is better for rates,");
@@ -209,21 +231,4 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         }
         println!("  vs {name}: {}", parts.join(", "));
     }
-    println!();
-    println!(
-        "{} idle tunnels; {} streams of {} MiB; machine: {} cores, {}",
-        idle_n,
-        4,
-        stream_bytes >> 20,
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
-                .split(':')
-                .nth(1)
-                .unwrap_or("")
-                .trim()
-                .to_string()))
-            .unwrap_or_default()
-    );
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Load benchmark: egress-gateway against Squid and tinyproxy (installed here from
-# Debian when missing) and a direct connection, in one run on loopback. Prints a
-# markdown table and the gateway's ratios. See benches/load.rs for what is measured.
+# Debian when missing), a bare relay (the floor) and a direct connection, in one run
+# on loopback. Prints a markdown table and the gateway's ratios. See benches/load.rs
+# for what is measured.
 #
-#   bash benches/load.sh                     # 3 rounds, about 3.5 minutes
+#   bash benches/load.sh                     # 3 rounds, about 5.5 minutes
 #   LOAD_ROUNDS=1 LOAD_SECONDS=3 LOAD_ONLY=gateway,direct bash benches/load.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

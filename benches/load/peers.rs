@@ -36,6 +36,32 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) {
     }
 }
 
+/// The command that starts a proxy: under `taskset` when `LOAD_PROXY_CPUS` pins the
+/// proxies to some CPUs (inherited by every process and thread they start).
+fn proxy_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match std::env::var("LOAD_PROXY_CPUS").ok().filter(|c| !c.is_empty()) {
+        Some(cpus) => {
+            let mut cmd = Command::new("taskset");
+            cmd.arg("-c").arg(cpus).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
+/// With `LOAD_CLIENT_CPUS`, pins this process (the load generator and the origins; call
+/// it before any thread starts, so that every later thread and `wrk` inherit it).
+pub fn pin_client() {
+    if let Some(cpus) = std::env::var("LOAD_CLIENT_CPUS").ok().filter(|c| !c.is_empty()) {
+        let ok = Command::new("taskset")
+            .args(["-p", "-c", &cpus, &std::process::id().to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "taskset -p -c {cpus} failed");
+    }
+}
+
 fn spawn(name: &'static str, cmd: &mut Command, port: u16, log: &Path) -> Proxy {
     let err = std::fs::File::create(log).unwrap();
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err).spawn().unwrap();
@@ -119,7 +145,7 @@ allow = ["127.0.0.1/32"]
             ),
         )
         .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-gateway"));
+        let mut cmd = proxy_command(env!("CARGO_BIN_EXE_egress-gateway"));
         cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
         let mut proxy = spawn("gateway", &mut cmd, port, &d.join("gateway.log"));
         if signed.is_some() {
@@ -167,7 +193,7 @@ http_access deny all
         )
         .unwrap();
         let _ = Command::new("chmod").arg("-R").arg("a+rwx").arg(&d).status();
-        let mut cmd = Command::new("squid");
+        let mut cmd = proxy_command("squid");
         cmd.arg("-N").arg("-f").arg(d.join("squid.conf"));
         spawn("squid", &mut cmd, port, &d.join("stderr.log"))
     }
@@ -199,7 +225,7 @@ DisableViaHeader Yes
         )
         .unwrap();
         let _ = Command::new("chmod").arg("-R").arg("a+rwx").arg(&d).status();
-        let mut cmd = Command::new("tinyproxy");
+        let mut cmd = proxy_command("tinyproxy");
         cmd.arg("-d").arg("-c").arg(d.join("tinyproxy.conf"));
         spawn("tinyproxy", &mut cmd, port, &d.join("stderr.log"))
     }
@@ -208,7 +234,7 @@ DisableViaHeader Yes
     pub fn relay(work: &Path, _o: &super::origin::Origins) -> Proxy {
         let d = dir(work, "relay");
         let port = free_port();
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        let mut cmd = proxy_command(std::env::current_exe().unwrap());
         cmd.env(super::relay::LISTEN_VAR, format!("127.0.0.1:{port}"));
         spawn("relay", &mut cmd, port, &d.join("stderr.log"))
     }
