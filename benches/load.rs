@@ -7,7 +7,8 @@
 //! Measures, per proxy: CONNECT setups per second (connect, CONNECT, one small GET,
 //! close) with p50/p99; absolute-form keep-alive requests per second with p50/p99
 //! (wrk); tunnel throughput (4 streams of 1 GiB); resident memory per idle tunnel
-//! (5,000 idle tunnels); CPU seconds per GiB relayed. Every phase is bounded in time.
+//! (5,000 idle tunnels); the proxy's CPU per setup, per request and per GiB relayed.
+//! Every phase is bounded in time.
 //!
 //! The proxies take turns for LOAD_ROUNDS rounds (default 3); the table gives each
 //! figure's median over the rounds, and each ratio's median with its range, every ratio
@@ -48,6 +49,10 @@ struct Row {
     rps_p99: Duration,
     gibps: f64,
     cpu_per_gib: Option<f64>,
+    /// The proxy's CPU (user plus system, with its children) per CONNECT setup and per
+    /// keep-alive request, in µs.
+    cpu_per_setup: Option<f64>,
+    cpu_per_request: Option<f64>,
     idle_kib: Option<f64>,
 }
 
@@ -97,18 +102,32 @@ fn main() {
 
 async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, stream_bytes: u64) -> Row {
     let mut row = Row::default();
+    let cpu_before = p.cpu_seconds();
     let setups = client::connect_setups(p, o.http, 32, secs).await;
     (row.setups, row.setup_p50, row.setup_p99) = (setups.rate, setups.p50, setups.p99);
+    row.cpu_per_setup = cpu_per_op(p, cpu_before, setups.count);
     eprintln!(
-        "  CONNECT setups: {:.0}/s p50 {:?} p99 {:?} (p90 {:?} p99.9 {:?} max {:?}; {} errors)",
-        setups.rate, setups.p50, setups.p99, setups.tail[0], setups.tail[1], setups.tail[2], setups.errors
+        "  CONNECT setups: {:.0}/s p50 {:?} p99 {:?} (p90 {:?} p99.9 {:?} max {:?}; {} errors), cpu {:?} µs each",
+        setups.rate,
+        setups.p50,
+        setups.p99,
+        setups.tail[0],
+        setups.tail[1],
+        setups.tail[2],
+        setups.errors,
+        row.cpu_per_setup
     );
 
     // The bare relay carries tunnels only; it has no keep-alive figure.
     if p.name != "relay" {
+        let cpu_before = p.cpu_seconds();
         let ka = client::wrk_keepalive(p, o.http, 32, secs);
         (row.rps, row.rps_p50, row.rps_p99) = (ka.rate, ka.p50, ka.p99);
-        eprintln!("  keep-alive: {:.0} req/s p50 {:?} p99 {:?} ({} errors)", ka.rate, ka.p50, ka.p99, ka.errors);
+        row.cpu_per_request = cpu_per_op(p, cpu_before, ka.count);
+        eprintln!(
+            "  keep-alive: {:.0} req/s p50 {:?} p99 {:?} ({} errors), cpu {:?} µs each",
+            ka.rate, ka.p50, ka.p99, ka.errors, row.cpu_per_request
+        );
     }
 
     let cpu_before = p.cpu_seconds();
@@ -125,6 +144,13 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
         eprintln!("  idle tunnels: {idle:?} KiB each");
     }
     row
+}
+
+/// The proxy's CPU since `before`, in µs per operation; `None` for direct (no proxy
+/// process) or when nothing completed.
+fn cpu_per_op(p: &Proxy, before: Option<f64>, ops: u64) -> Option<f64> {
+    let used = p.cpu_seconds().zip(before).map(|(after, before)| after - before)?;
+    (ops > 0).then(|| used * 1e6 / ops as f64)
 }
 
 /// The median of `values` (the upper one of an even count; 0 for none).
@@ -150,6 +176,8 @@ fn median_row(rows: &[Row]) -> Row {
         rps_p99: d(&|r| r.rps_p99),
         gibps: f(&|r| r.gibps),
         cpu_per_gib: o(&|r| r.cpu_per_gib),
+        cpu_per_setup: o(&|r| r.cpu_per_setup),
+        cpu_per_request: o(&|r| r.cpu_per_request),
         idle_kib: o(&|r| r.idle_kib),
     }
 }
@@ -169,10 +197,12 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         ("CONNECT setups/s", Box::new(|r: &Row| format!("{:.0}", r.setups))),
         ("CONNECT p50 ms", Box::new(move |r: &Row| ms(r.setup_p50))),
         ("CONNECT p99 ms", Box::new(move |r: &Row| ms(r.setup_p99))),
+        ("proxy CPU µs per setup", Box::new(move |r: &Row| opt(r.cpu_per_setup, 0))),
         // A zero rate: the phase did not run (the bare relay forwards no requests).
         ("keep-alive req/s", Box::new(|r: &Row| if r.rps > 0.0 { format!("{:.0}", r.rps) } else { "-".into() })),
         ("keep-alive p50 ms", Box::new(move |r: &Row| if r.rps > 0.0 { ms(r.rps_p50) } else { "-".into() })),
         ("keep-alive p99 ms", Box::new(move |r: &Row| if r.rps > 0.0 { ms(r.rps_p99) } else { "-".into() })),
+        ("proxy CPU µs per request", Box::new(move |r: &Row| opt(r.cpu_per_request, 1))),
         ("tunnel GiB/s (4 streams)", Box::new(|r: &Row| format!("{:.2}", r.gibps))),
         ("proxy CPU s per GiB", Box::new(move |r: &Row| opt(r.cpu_per_gib, 2))),
         ("KiB per idle tunnel", Box::new(move |r: &Row| opt(r.idle_kib, 1))),
@@ -204,10 +234,12 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
     println!("gateway ratios, each within one round: median (range); higher is better for rates,");
     println!("lower for latency, memory and CPU:");
     type Metric = fn(&Row) -> Option<f64>;
-    let metrics: [(&str, Metric); 6] = [
+    let metrics: [(&str, Metric); 8] = [
         ("setups", |r| Some(r.setups)),
         ("setup p99", |r| Some(r.setup_p99.as_secs_f64())),
+        ("CPU/setup", |r| r.cpu_per_setup),
         ("keep-alive", |r| Some(r.rps)),
+        ("CPU/request", |r| r.cpu_per_request),
         ("throughput", |r| Some(r.gibps)),
         ("idle memory", |r| r.idle_kib),
         ("CPU/GiB", |r| r.cpu_per_gib),

@@ -13,6 +13,8 @@ use super::peers::Proxy;
 
 pub struct Rate {
     pub rate: f64,
+    /// Operations completed (setups, or requests).
+    pub count: u64,
     pub p50: Duration,
     pub p99: Duration,
     /// p90, p99.9 and the maximum, for the progress line (CONNECT setups only).
@@ -122,6 +124,7 @@ pub async fn connect_setups(p: &Proxy, http: SocketAddr, workers: usize, dur: Du
     lat.sort();
     Rate {
         rate: lat.len() as f64 / elapsed.as_secs_f64(),
+        count: lat.len() as u64,
         p50: percentile(&lat, 0.5),
         p99: percentile(&lat, 0.99),
         tail: [percentile(&lat, 0.9), percentile(&lat, 0.999), lat.last().copied().unwrap_or_default()],
@@ -159,7 +162,20 @@ pub fn wrk_keepalive(p: &Proxy, http: SocketAddr, conns: usize, dur: Duration) -
         .filter(|l| l.contains("Non-2xx") || l.contains("Socket errors"))
         .flat_map(|l| l.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).collect::<Vec<_>>())
         .sum();
-    Rate { rate, p50: wrk_duration(field("50%")), p99: wrk_duration(field("99%")), tail: Default::default(), errors }
+    // "  123456 requests in 5.00s, 12.34MB read"
+    let count = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    Rate {
+        rate,
+        count,
+        p50: wrk_duration(field("50%")),
+        p99: wrk_duration(field("99%")),
+        tail: Default::default(),
+        errors,
+    }
 }
 
 /// wrk prints latencies as `1.23ms`, `456.00us` or `1.02s`.
