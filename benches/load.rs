@@ -118,8 +118,7 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
         row.cpu_per_setup
     );
 
-    // The bare relay carries tunnels only; it has no keep-alive figure.
-    if p.name != "relay" {
+    if p.forwards() {
         let cpu_before = p.cpu_seconds();
         let ka = client::wrk_keepalive(p, o.http, 32, secs);
         (row.rps, row.rps_p50, row.rps_p99) = (ka.rate, ka.p50, ka.p99);
@@ -187,6 +186,8 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
     let rounds = runs.first().map_or(0, |(_, r)| r.len());
     let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0);
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
+    // A zero rate: the phase did not run (the bare relay forwards no requests).
+    let keep_alive = |r: &Row, cell: String| if r.rps > 0.0 { cell } else { "-".to_string() };
     let header: Vec<&str> = rows.iter().map(|(n, _)| *n).collect();
     println!();
     println!("medians of {rounds} round(s):");
@@ -198,10 +199,9 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         ("CONNECT p50 ms", Box::new(move |r: &Row| ms(r.setup_p50))),
         ("CONNECT p99 ms", Box::new(move |r: &Row| ms(r.setup_p99))),
         ("proxy CPU µs per setup", Box::new(move |r: &Row| opt(r.cpu_per_setup, 0))),
-        // A zero rate: the phase did not run (the bare relay forwards no requests).
-        ("keep-alive req/s", Box::new(|r: &Row| if r.rps > 0.0 { format!("{:.0}", r.rps) } else { "-".into() })),
-        ("keep-alive p50 ms", Box::new(move |r: &Row| if r.rps > 0.0 { ms(r.rps_p50) } else { "-".into() })),
-        ("keep-alive p99 ms", Box::new(move |r: &Row| if r.rps > 0.0 { ms(r.rps_p99) } else { "-".into() })),
+        ("keep-alive req/s", Box::new(move |r: &Row| keep_alive(r, format!("{:.0}", r.rps)))),
+        ("keep-alive p50 ms", Box::new(move |r: &Row| keep_alive(r, ms(r.rps_p50)))),
+        ("keep-alive p99 ms", Box::new(move |r: &Row| keep_alive(r, ms(r.rps_p99)))),
         ("proxy CPU µs per request", Box::new(move |r: &Row| opt(r.cpu_per_request, 1))),
         ("tunnel GiB/s (4 streams)", Box::new(|r: &Row| format!("{:.2}", r.gibps))),
         ("proxy CPU s per GiB", Box::new(move |r: &Row| opt(r.cpu_per_gib, 2))),
@@ -214,8 +214,7 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cores = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
     let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).and_then(|l| l.split(':').nth(1));
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let pinning = match (var("LOAD_PROXY_CPUS"), var("LOAD_CLIENT_CPUS")) {
+    let pinning = match (peers::env_var("LOAD_PROXY_CPUS"), peers::env_var("LOAD_CLIENT_CPUS")) {
         (None, None) => String::new(),
         (p, c) => format!(
             "; proxies on CPUs {}, load generator on CPUs {}",

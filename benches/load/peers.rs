@@ -36,10 +36,15 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) {
     }
 }
 
+/// An environment variable's value, `None` when unset or empty.
+pub fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
 /// The command that starts a proxy: under `taskset` when `LOAD_PROXY_CPUS` pins the
 /// proxies to some CPUs (inherited by every process and thread they start).
 fn proxy_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    match std::env::var("LOAD_PROXY_CPUS").ok().filter(|c| !c.is_empty()) {
+    match env_var("LOAD_PROXY_CPUS") {
         Some(cpus) => {
             let mut cmd = Command::new("taskset");
             cmd.arg("-c").arg(cpus).arg(program);
@@ -52,7 +57,7 @@ fn proxy_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
 /// With `LOAD_CLIENT_CPUS`, pins this process (the load generator and the origins; call
 /// it before any thread starts, so that every later thread and `wrk` inherit it).
 pub fn pin_client() {
-    if let Some(cpus) = std::env::var("LOAD_CLIENT_CPUS").ok().filter(|c| !c.is_empty()) {
+    if let Some(cpus) = env_var("LOAD_CLIENT_CPUS") {
         let ok = Command::new("taskset")
             .args(["-p", "-c", &cpus, &std::process::id().to_string()])
             .stdout(Stdio::null())
@@ -110,7 +115,7 @@ impl Proxy {
         let port = free_port();
         let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
         let threads = std::env::var("LOAD_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
-        let signed = std::env::var("LOAD_GATEWAY_TOKEN").ok().filter(|v| !v.is_empty());
+        let signed = env_var("LOAD_GATEWAY_TOKEN");
         let tokens = signed.as_deref().map(|alg| signed_token_section(&d, alg)).unwrap_or_default();
         std::fs::write(
             d.join("policy/bench.toml"),
@@ -250,6 +255,11 @@ DisableViaHeader Yes
 
     pub fn is_proxy(&self) -> bool {
         self.addr.is_some()
+    }
+
+    /// Whether it forwards absolute-form requests (the bare relay carries tunnels only).
+    pub fn forwards(&self) -> bool {
+        self.name != "relay"
     }
 
     /// `Proxy-Authorization` value for the bench credential.
