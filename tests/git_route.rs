@@ -261,7 +261,7 @@ fn pushes_are_limited_to_allowed_refs() {
     assert!(!out3.status.success(), "deletions need allow_delete");
     let refs = ok(git(&w.repo_path("acme", "widgets"), &["for-each-ref", "--format=%(refname)"]));
     assert!(!refs.contains("refs/heads/agent/ok") && refs.contains("refs/heads/agent/old"), "{refs}");
-    let denials: Vec<_> = w.gw.access_logs().into_iter().filter(|v| v["reason"] == "git_ref_denied").collect();
+    let denials: Vec<_> = w.gw.wait_for_access(3, |v| v["reason"] == "git_ref_denied");
     assert!(denials.len() >= 3, "{denials:?}");
 }
 

@@ -32,6 +32,20 @@ fn scrape(gw: &TestGateway) -> prometheus_parse::Scrape {
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text")
 }
 
+/// Scrapes until `ready` holds (the counters behind a request are written as it ends,
+/// which can be just after the client has its answer); panics after 5 s.
+fn scrape_until(gw: &TestGateway, ready: impl Fn(&prometheus_parse::Scrape) -> bool) -> prometheus_parse::Scrape {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = scrape(gw);
+        if ready(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "metrics never reached the expected state: {:?}", s.samples);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     scrape
         .samples
@@ -57,7 +71,13 @@ fn open_connections_and_tunnels_are_gauged() {
     let auth = basic("sbx-a", TOKEN_A);
     write!(tunnel, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n").unwrap();
     assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
-    assert_eq!(gauges(&gw), (1.0, 1.0), "one client connection carrying one tunnel");
+    // One client connection carrying one tunnel: the gauges are asynchronous to the
+    // answer, so wait for them with a deadline rather than reading them once.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gauges(&gw) != (1.0, 1.0) {
+        assert!(Instant::now() < deadline, "gauges stay at {:?} with one tunnel open", gauges(&gw));
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     drop(tunnel);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -81,7 +101,11 @@ fn metrics_are_scraped_and_labels_stay_bounded() {
     let q = support::dns::query("pypi.org.", hickory_proto::rr::RecordType::A, None);
     support::dns::udp(dns, &q);
 
-    let s = scrape(&gw);
+    let s = scrape_until(&gw, |s| {
+        value(s, "egress_proxy_requests_total", &[("kind", "forward"), ("decision", "allow")]) >= 1.0
+            && value(s, "egress_proxy_denials_total", &[("reason", "host_not_allowed")]) >= 1.0
+            && value(s, "egress_dns_queries_total", &[("result", "blocked"), ("transport", "udp")]) >= 1.0
+    });
     assert_eq!(value(&s, "egress_proxy_requests_total", &[("kind", "forward"), ("decision", "allow")]), 1.0);
     assert_eq!(value(&s, "egress_proxy_denials_total", &[("reason", "host_not_allowed")]), 1.0);
     assert!(value(&s, "egress_proxy_bytes_total", &[("kind", "forward"), ("direction", "down")]) >= 5000.0);
@@ -139,7 +163,7 @@ fn reload_by_http_and_signal_keeps_old_policy_on_error() {
     assert_eq!(deny_status(&gw, &origin), 200, "previous policy still in force");
     let (_, status_body) = get(admin, "/v1/status");
     assert!(status_body.contains("policies.b.allow[0]"), "{status_body}");
-    let s = scrape(&gw);
+    let s = scrape_until(&gw, |s| value(s, "egress_policy_reloads_total", &[("result", "error")]) >= 1.0);
     assert_eq!(value(&s, "egress_policy_reloads_total", &[("result", "error")]), 1.0);
 
     // Revert by SIGHUP.

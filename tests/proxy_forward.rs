@@ -82,7 +82,7 @@ fn keep_alive_serves_several_requests_on_one_connection() {
     let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &a, &a, &a]);
     assert_eq!(out.exit, 0, "{out:?}");
     assert!(out.stderr.is_empty(), "{out:?}");
-    let logs = gw.access_logs();
+    let logs = gw.wait_for_access(3, |_| true);
     assert_eq!(logs.len(), 3, "{logs:?}");
     let client = &logs[0]["client_addr"];
     assert!(logs.iter().all(|l| &l["client_addr"] == client), "one client connection reused: {logs:?}");

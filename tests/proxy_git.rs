@@ -75,7 +75,7 @@ fn clone_fetch_and_push_through_the_proxy() {
         "Git-Protocol header forwarded"
     );
     assert!(origin.recorded().iter().all(|r| !format!("{:?}", r.headers).contains(TOKEN_A)));
-    let logs = gw.access_logs();
+    let logs = gw.wait_for_access(1, |l| l["method"] == "POST" && l["status"] == 200);
     assert!(logs.iter().any(|l| l["method"] == "POST" && l["status"] == 200), "{logs:?}");
     assert!(!gw.log_text().contains(TOKEN_A));
 }

@@ -118,7 +118,7 @@ fn policies_paths_methods_and_budgets() {
     assert_eq!(status(&resp), 403);
     assert!(resp.contains("method DELETE"), "{resp}");
     assert!(resp.contains("\"reason\":\"route_not_allowed\""), "{resp}");
-    let refused = w.gw.access_logs().into_iter().filter(|v| v["reason"] == "route_not_allowed").count();
+    let refused = w.gw.wait_for_access(3, |v| v["reason"] == "route_not_allowed").len();
     assert_eq!(refused, 3, "every route refusal is logged with its reason");
     let resp = get("/echo/../bytes/1", "sbx-a", TOKEN_A, "GET");
     assert_ne!(status(&resp), 200);

@@ -133,7 +133,7 @@ fn oversized_heads_get_431_and_do_not_disturb_others() {
 
     // The parser's own answers are in the access log, with a reason.
     gw.wait_for_log(Duration::from_secs(5), |v| v["kind"] == "forward");
-    let refused: Vec<_> = gw.access_logs().into_iter().filter(|v| v["kind"] == "unparsed").collect();
+    let refused: Vec<_> = gw.wait_for_access(2, |v| v["kind"] == "unparsed");
     assert_eq!(refused.len(), 2, "{refused:?}");
     for v in &refused {
         assert_eq!(v["reason"], "request_too_large", "{v}");

@@ -73,9 +73,10 @@ pub async fn handle(
     let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
     let (sandbox_id, task_shared) = (sandbox.sandbox.clone(), shared.clone());
     let slot = conn.slot.clone();
+    // Counted from before the `200` is written, so a scrape after it sees the tunnel.
+    let active = crate::metrics::ActiveGuard::tunnel();
     shared.tasks.spawn(async move {
-        let (_permit, _slot) = (permit, slot);
-        let _active = crate::metrics::ActiveGuard::tunnel();
+        let (_permit, _slot, _active) = (permit, slot, active);
         let _registered = task_shared.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
         match on_upgrade.await {
             Ok(upgraded) => {

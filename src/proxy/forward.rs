@@ -100,9 +100,10 @@ pub async fn handle(
         let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
         let (sandbox_id, shared_for_task) = (sandbox.sandbox.clone(), shared.clone());
         let slot = conn.slot.clone();
+        // Counted from before the `101` is written, so a scrape after it sees it.
+        let active = crate::metrics::ActiveGuard::tunnel();
         shared.tasks.spawn(async move {
-            let _active = crate::metrics::ActiveGuard::tunnel();
-            let (_permit, _slot) = (permit, slot);
+            let (_permit, _slot, _active) = (permit, slot, active);
             let _registered =
                 shared_for_task.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {

@@ -90,10 +90,6 @@ impl TestGateway {
         self.json_now()
     }
 
-    pub fn access_logs(&self) -> Vec<Value> {
-        self.log_json().into_iter().filter(|v| v["log"] == "access").collect()
-    }
-
     fn json_now(&self) -> Vec<Value> {
         self.logs.lock().expect("log lock").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
     }
@@ -125,6 +121,21 @@ impl TestGateway {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Waits (at most 10 s) until at least `n` access lines match `pred`, then returns
+    /// every matching line once the log is quiet; panics with the log on timeout.
+    pub fn wait_for_access(&self, n: usize, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let matching =
+            |all: Vec<Value>| -> Vec<Value> { all.into_iter().filter(|v| v["log"] == "access" && pred(v)).collect() };
+        while matching(self.json_now()).len() < n {
+            if Instant::now() > deadline {
+                panic!("{n} access lines not found in time; log so far:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        matching(self.log_json())
     }
 
     /// The access record for `target` (normalised form, e.g. `origin.test:8080`).
