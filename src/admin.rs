@@ -58,7 +58,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, shutdown: Cancellat
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let admin = admin.clone();
-                async move { Ok::<_, Infallible>(route(req, peer, &admin)) }
+                async move { Ok::<_, Infallible>(route(req, peer, &admin).await) }
             });
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -69,7 +69,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, shutdown: Cancellat
     }
 }
 
-fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Response<Full<Bytes>> {
+async fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Response<Full<Bytes>> {
     let shared = &admin.shared;
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => match &admin.metrics {
@@ -106,7 +106,7 @@ fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Response<Fu
                     r#"{"error":"admin token required (Authorization: Bearer ...)"}"#.into(),
                 );
             }
-            match shared.reload() {
+            match crate::proxy::reload_off_thread(shared).await {
                 Ok(generation) => reply(
                     StatusCode::OK,
                     "application/json",

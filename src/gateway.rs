@@ -251,7 +251,7 @@ async fn reload_on_change(shared: Arc<Shared>, stop: CancellationToken) {
         if now != last {
             last = now;
             tracing::info!("policy files changed; reloading");
-            let _ = shared.reload();
+            let _ = crate::proxy::reload_off_thread(&shared).await;
         }
     }
 }
@@ -269,7 +269,7 @@ async fn reload_on_sighup(shared: Arc<Shared>, stop: CancellationToken) {
             r = hup.recv() => if r.is_none() { return },
         }
         // The outcome is logged and counted by the store.
-        let _ = shared.reload();
+        let _ = crate::proxy::reload_off_thread(&shared).await;
     }
 }
 

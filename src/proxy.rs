@@ -90,6 +90,21 @@ impl Shared {
     }
 }
 
+/// Runs [`Shared::reload`] on a blocking thread, so that a slow load (tens of
+/// thousands of sandboxes) never stalls the runtime serving the admin listener, the DNS
+/// firewall or requests; they keep using the old state until the new one is swapped in.
+pub async fn reload_off_thread(shared: &Arc<Shared>) -> Result<u64, crate::config::ConfigError> {
+    let shared = shared.clone();
+    match tokio::task::spawn_blocking(move || shared.reload()).await {
+        Ok(result) => result,
+        Err(e) => Err(crate::config::ConfigError::invalid(
+            &crate::config::DisplayPath("<reload>".into()),
+            "reload",
+            format!("the reload task failed: {e}"),
+        )),
+    }
+}
+
 /// Per-connection facts.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {

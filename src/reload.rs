@@ -48,6 +48,9 @@ pub struct Store {
     current: ArcSwap<State>,
     next_generation: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// Held for a whole reload, so two reloads (signal, file watch, admin) never race
+    /// and generations are swapped in the order they were numbered.
+    reloading: Mutex<()>,
 }
 
 impl Store {
@@ -65,6 +68,7 @@ impl Store {
             }),
             next_generation: AtomicU64::new(2),
             last_error: Mutex::new(None),
+            reloading: Mutex::new(()),
         }
     }
 
@@ -80,6 +84,7 @@ impl Store {
     /// Loads the policies named by `config` and swaps them in; on error the current
     /// state stays. Logs and counts either way.
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
+        let _one_at_a_time = self.reloading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let result = load(config).map(|Loaded { policies, shadow, tokens, route_secrets }| {
             let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
             let loaded_at = SystemTime::now();

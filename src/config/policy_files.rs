@@ -18,11 +18,20 @@ use crate::policy::{Mode, Policy, PolicySet, RuleList, Sandbox};
 struct Source {
     file: DisplayPath,
     text: String,
+    /// Byte offset of the start of every line after the first, ascending: a line
+    /// number is one binary search, so locating every rule is linear in the file.
+    line_starts: Vec<usize>,
 }
 
 impl Source {
+    fn new(file: DisplayPath, text: String) -> Source {
+        let line_starts = text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i + 1).collect();
+        Source { file, text, line_starts }
+    }
+
+    /// The 1-based line that holds byte `offset`.
     fn line_of(&self, offset: usize) -> usize {
-        self.text.get(..offset).map_or(0, |s| s.matches('\n').count()) + 1
+        self.line_starts.partition_point(|&start| start <= offset) + 1
     }
 }
 
@@ -40,7 +49,7 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
             read_dir(dir)?
         }
         PolicySource::Inline { label, text } => {
-            vec![Source { file: DisplayPath(label.clone()), text: text.clone() }]
+            vec![Source::new(DisplayPath(label.clone()), text.clone())]
         }
     };
     compile(&sources, config.policy.mode, &config.egress.ports)
@@ -76,7 +85,7 @@ fn read_dir(dir: &Path) -> Result<Vec<Source>, ConfigError> {
         .map(|path| {
             let text =
                 std::fs::read_to_string(&path).map_err(|e| ConfigError::Read { file: (&path).into(), source: e })?;
-            Ok(Source { file: (&path).into(), text })
+            Ok(Source::new((&path).into(), text))
         })
         .collect()
 }
@@ -179,7 +188,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<PolicySet, ConfigError> {
-        compile(&[Source { file: DisplayPath("p.toml".into()), text: text.into() }], Mode::Enforce, &[80, 443])
+        compile(&[Source::new(DisplayPath("p.toml".into()), text.into())], Mode::Enforce, &[80, 443])
     }
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
@@ -193,6 +202,13 @@ mod tests {
         let sbx = set.sandbox("sbx-1").unwrap();
         assert_eq!(sbx.policy.name(), "python");
         assert_eq!(sbx.policy.rules()[0].location, "p.toml:2");
+    }
+
+    #[test]
+    fn line_numbers_count_every_newline() {
+        let src = Source::new(DisplayPath("p.toml".into()), "a\nbb\n\nc".into());
+        let lines: Vec<usize> = (0..src.text.len()).map(|o| src.line_of(o)).collect();
+        assert_eq!(lines, [1, 1, 2, 2, 2, 3, 4]);
     }
 
     #[test]
