@@ -61,8 +61,33 @@ fn non_empty(s: &str) -> Option<&str> {
 /// Longest raw target echoed into logs and error bodies.
 const MAX_RAW_TARGET: usize = 256;
 
-/// A printable, bounded rendering of an unparsed request target.
+/// A printable, bounded rendering of an unparsed request target, safe to log and echo:
+/// userinfo (`http://ID:TOKEN@host/`) and the query string (`?key=...`), where clients
+/// put credentials, are replaced by `[redacted]`.
 pub fn raw_target(s: &str) -> String {
+    let (s, had_query) = match s.find(['?', '#']) {
+        Some(i) => (&s[..i], true),
+        None => (s, false),
+    };
+    let authority_start = s.find("://").map_or(0, |i| i + 3);
+    let authority_end = s[authority_start..].find('/').map_or(s.len(), |i| authority_start + i);
+    let mut cleaned = String::with_capacity(s.len().min(MAX_RAW_TARGET) + 24);
+    match s[authority_start..authority_end].rfind('@') {
+        Some(at) => {
+            cleaned.push_str(&s[..authority_start]);
+            cleaned.push_str("[redacted]");
+            cleaned.push_str(&s[authority_start + at..]);
+        }
+        None => cleaned.push_str(s),
+    }
+    let mut out = bounded(&cleaned);
+    if had_query {
+        out.push_str("?[redacted]");
+    }
+    out
+}
+
+fn bounded(s: &str) -> String {
     let mut end = s.len().min(MAX_RAW_TARGET);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -206,5 +231,16 @@ mod tests {
         assert_eq!(strip(direct.clone()), strip(traced));
         assert!(direct.get("reason").is_none(), "absent options stay absent");
         assert_eq!(direct["upstream_addr"], "[::1]:80");
+    }
+
+    #[test]
+    fn raw_targets_never_carry_userinfo_or_queries() {
+        assert_eq!(raw_target("http://sbx-a:TOKEN@host/x?y"), "http://[redacted]@host/x?[redacted]");
+        assert_eq!(raw_target("sbx-a:TOKEN@host:443"), "[redacted]@host:443");
+        assert_eq!(raw_target("/path?key=sbx-a:TOKEN"), "/path?[redacted]");
+        assert_eq!(raw_target("http://host/a@b"), "http://host/a@b", "an @ in the path is not userinfo");
+        assert_eq!(raw_target("http://host/#frag"), "http://host/?[redacted]");
+        assert_eq!(raw_target("bad\u{7}host:1"), "bad?host:1");
+        assert_eq!(raw_target(&"a".repeat(1000)).len(), MAX_RAW_TARGET);
     }
 }

@@ -101,6 +101,10 @@ impl Policy {
 
     /// Whether `repo` (`owner/name`) may be read, or written when `write`. A signed
     /// token's `repos` claim may narrow the policy (`narrow`); it can never widen it.
+    ///
+    /// Always enforced, whatever the policy's mode: the git route adds the gateway's
+    /// own GitHub credential, and report mode must never lend it for something the
+    /// policy refuses.
     pub fn decide_git(&self, repo: &str, write: bool, narrow: Option<&[String]>) -> Decision<'_> {
         let verdict = match self.git.repo_rule(repo).and_then(|i| self.rules.get(i)) {
             None => Verdict::Deny { reason: DenyReason::RepoNotConnected, rule: None },
@@ -112,10 +116,11 @@ impl Policy {
             }
             Some(rule) => Verdict::Allow { rule },
         };
-        Decision { verdict, report_only: self.mode == Mode::Report }
+        Decision { verdict, report_only: false }
     }
 
     /// Whether a push may update `refname` (`delete` when the new value is zero).
+    /// Always enforced, like [`Policy::decide_git`].
     pub fn decide_ref(&self, refname: &str, delete: bool) -> Decision<'_> {
         let verdict = match self.git.push_rule(refname).and_then(|i| self.rules.get(i)) {
             Some(rule) if delete && !self.git.allow_delete => {
@@ -124,7 +129,7 @@ impl Policy {
             Some(rule) => Verdict::Allow { rule },
             None => Verdict::Deny { reason: DenyReason::GitRefDenied, rule: None },
         };
-        Decision { verdict, report_only: self.mode == Mode::Report }
+        Decision { verdict, report_only: false }
     }
 
     pub fn allows_ref_deletion(&self) -> bool {

@@ -100,6 +100,10 @@ fn world(token_ttl_secs: u64, refresh_before: &str) -> World {
 
 /// With `static_token`, the App is replaced by a static token file for owner acme.
 fn world_with(token_ttl_secs: u64, refresh_before: &str, static_token: Option<&str>) -> World {
+    world_with_policy(token_ttl_secs, refresh_before, static_token, POLICY)
+}
+
+fn world_with_policy(token_ttl_secs: u64, refresh_before: &str, static_token: Option<&str>, policy: &str) -> World {
     let ca = TestCa::new(&["github.test", "api.github.test"]);
     let repos = repos();
     let github = TestOrigin::git_https(&ca, repos.path().to_path_buf());
@@ -138,7 +142,7 @@ refresh_before = "{refresh_before}"
         api = api.addr.port(),
         ca = ca.ca_pem_path.display(),
     );
-    let policy = POLICY.replace("@A@", &sha256_hex(TOKEN_A)).replace("@B@", &sha256_hex(TOKEN_B));
+    let policy = policy.replace("@A@", &sha256_hex(TOKEN_A)).replace("@B@", &sha256_hex(TOKEN_B));
     let gw = TestGateway::start(&config, &policy);
     World { gw, github, api, _repos: repos, _ca: ca, _keys: keys }
 }
@@ -396,4 +400,39 @@ fn a_static_token_file_per_owner() {
     assert_eq!(base64_decode(auth.trim_start_matches("Basic ")), "x-access-token:ghp_staticowner0123");
     assert_eq!(w.api.mint_count(), 0);
     assert!(!w.gw.log_text().contains("ghp_staticowner0123"));
+}
+
+/// Report mode lets host decisions through to try out an allowlist; it must never make
+/// the gateway lend its own GitHub credential for what the git rules refuse.
+#[test]
+fn report_mode_never_lends_the_gateways_credential() {
+    let policy = POLICY.replace(
+        "[policies.agents]\ngit = { repos = [\"acme/widgets\", \"acme/tools-*\"], push = [\"refs/heads/agent/*\"] }",
+        "[policies.agents]\nmode = \"report\"\ngit = { repos = [\"acme/widgets\"] }",
+    );
+    assert!(policy.contains("mode = \"report\""), "{policy}");
+    let w = world_with_policy(3600, "5m", Some("ghp_staticowner0123"), &policy);
+    let work = tempfile::tempdir().unwrap();
+    // A repository the policy does not connect.
+    let out = w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/other/secret.git", "s"]);
+    assert!(!out.status.success(), "report mode cloned an unconnected repository");
+    // The connected one clones; pushing to it, with no git.push rules, does not.
+    ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "w"]));
+    let clone = work.path().join("w");
+    std::fs::write(clone.join("NEW"), "change\n").unwrap();
+    ok(git(&clone, &["add", "NEW"]));
+    ok(git(&clone, &["commit", "-m", "change"]));
+    let before = ok(git(&w.repo_path("acme", "widgets"), &["for-each-ref", "--format=%(refname) %(objectname)"]));
+    let out = w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", "HEAD:refs/heads/main"]);
+    assert!(!out.status.success(), "report mode pushed without git.push rules");
+    let out = w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", ":refs/heads/main"]);
+    assert!(!out.status.success(), "report mode deleted main");
+    let after = ok(git(&w.repo_path("acme", "widgets"), &["for-each-ref", "--format=%(refname) %(objectname)"]));
+    assert_eq!(before, after, "no ref changed upstream");
+    assert!(
+        w.github.recorded().iter().all(|r| r.uri.contains("acme/widgets") && !r.uri.contains("git-receive-pack")),
+        "only the connected repository's reads reached GitHub"
+    );
+    let refused = w.gw.wait_for_access(3, |v| v["kind"] == "git" && v["status"] == 403);
+    assert!(refused.iter().all(|v| v["decision"] == "deny"), "logged as deny, not would_deny: {refused:?}");
 }

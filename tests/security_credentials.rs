@@ -70,3 +70,27 @@ fn secrets_never_appear_in_error_bodies_or_logs() {
     assert!(!log.contains(TOKEN_A) && !log.contains("guess-1234"));
     assert!(!log.contains(&basic("sbx-a", TOKEN_A)[6..]), "not even base64-encoded");
 }
+
+/// Clients put credentials in URLs too: userinfo (`http://ID:TOKEN@host/`) and query
+/// strings. Neither reaches the access log or an error body when the request is
+/// refused before its target parsed.
+#[test]
+fn credentials_in_urls_are_not_logged() {
+    let (gw, origin) = start_http();
+    let port = origin.port();
+    let requests = [
+        format!("GET http://sbx-a:{TOKEN_A}@origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n\r\n"),
+        format!("GET /?key=sbx-a:{TOKEN_A} HTTP/1.1\r\nHost: origin.test\r\n\r\n"),
+        format!("GET https://origin.test:{port}/x?token={TOKEN_A} HTTP/1.1\r\nHost: origin.test\r\n\r\n"),
+        format!("CONNECT sbx-a:{TOKEN_A}@origin.test:{port} HTTP/1.1\r\nHost: origin.test\r\n\r\n"),
+    ];
+    for r in &requests {
+        let resp = raw::exchange(gw.addr, r.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1).as_bytes());
+        assert!(raw::status(&resp) >= 400, "{resp}");
+        assert!(!resp.contains(TOKEN_A), "{resp}");
+    }
+    let refused = gw.wait_for_access(requests.len(), |v| v["status"].as_u64().is_some_and(|s| s >= 400));
+    assert!(refused.iter().any(|v| v["target"].as_str().is_some_and(|t| t.contains("[redacted]"))), "{refused:?}");
+    let log = gw.log_text();
+    assert!(!log.contains(TOKEN_A), "{log}");
+}

@@ -46,6 +46,8 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
         }
     }
 
+    let notes = notes(&cfg, &set, &args.sandbox, &answer, &subject);
+
     let mut addresses = None;
     if args.resolve
         && let Subject::Host(target) = &subject
@@ -66,6 +68,9 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
         if let Some(ok) = token_ok {
             v["token_valid"] = ok.into();
         }
+        if !notes.is_empty() {
+            v["notes"] = serde_json::to_value(&notes)?;
+        }
         match &addresses {
             Some(Ok(list)) => v["addresses"] = serde_json::to_value(list)?,
             Some(Err(e)) => v["resolve_error"] = e.clone().into(),
@@ -74,8 +79,44 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
         writeln!(out, "{v}")?;
     } else {
         print_human(out, &answer, token_ok, addresses.as_ref())?;
+        for note in &notes {
+            writeln!(out, "  note:    {note}")?;
+        }
     }
     Ok(if answer.permits() { 0 } else { 1 })
+}
+
+/// What an operator should know beside the decision: the git route ignores report
+/// mode, and a tunnel to GitHub beside git rules goes around them.
+fn notes(
+    cfg: &Config,
+    set: &crate::policy::PolicySet,
+    sandbox: &str,
+    answer: &Answer,
+    subject: &Subject,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    let Subject::Git { .. } = subject else { return notes };
+    let Some(policy) =
+        answer.policy.as_deref().and_then(|p| set.policies.get(p)).or_else(|| set.sandbox(sandbox).map(|s| &s.policy))
+    else {
+        return notes;
+    };
+    if policy.mode() == crate::policy::Mode::Report {
+        notes.push(
+            "policy is in report mode, but git rules are always enforced: the git route adds the gateway's \
+             own credential"
+                .into(),
+        );
+    }
+    for rule in super::lint::github_tunnel_rules(cfg, policy) {
+        let at = if rule.location.is_empty() { String::new() } else { format!(" at {}", rule.location) };
+        notes.push(format!(
+            "{rule}{at} also allows an opaque tunnel to GitHub: a sandbox can push there with credentials of \
+             its own, around these git rules"
+        ));
+    }
+    notes
 }
 
 fn deny(answer: &mut Answer, reason: DenyReason, hint: String) {

@@ -109,6 +109,47 @@ fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
     if !has_repos && let Some(push) = policy.rules().iter().find(|r| r.list == RuleList::GitPush) {
         warn(out, push, "git.push without git.repos: no repository can be pushed to".into());
     }
+    let policy_location = || policy.rules().first().map_or_else(String::new, |r| r.location.clone());
+    if policy.mode() == crate::policy::Mode::Report && (has_repos || !policy.routes().is_empty()) {
+        out.push(Warning {
+            location: policy_location(),
+            subject: format!("policies.{name}.mode"),
+            message: "report mode does not apply to git rules or API routes: the gateway adds its own \
+                      credential there, so they are always enforced"
+                .into(),
+        });
+    }
+    if has_repos {
+        for rule in github_tunnel_rules(cfg, policy) {
+            warn(
+                out,
+                rule,
+                "allows an opaque tunnel to GitHub beside git.repos: sandboxes can push anywhere there with \
+                 credentials of their own, around every per-repository and per-ref rule"
+                    .into(),
+            );
+        }
+    }
+}
+
+/// The allow rules that let `policy` tunnel to GitHub's web host (github.com, or the
+/// configured GitHub Enterprise host) on port 443, beside the git route.
+pub fn github_tunnel_rules<'p>(cfg: &Config, policy: &'p Policy) -> Vec<&'p RuleSource> {
+    let mut hosts = vec!["github.com".to_string()];
+    if !hosts.contains(&cfg.github.web_host) {
+        hosts.push(cfg.github.web_host.clone());
+    }
+    let mut rules: Vec<&RuleSource> = Vec::new();
+    for host in hosts {
+        let Ok(target) = crate::addr::parse_authority(&format!("{host}:443"), None) else { continue };
+        let decision = policy.decide(&target);
+        if let crate::policy::Verdict::Allow { rule } = decision.verdict
+            && !rules.contains(&rule)
+        {
+            rules.push(rule);
+        }
+    }
+    rules
 }
 
 fn is_icann_suffix(name: &str) -> bool {

@@ -28,44 +28,81 @@ pub enum PktError {
     TooMany,
 }
 
-/// Most ref updates in one push; far above what agents do.
+/// Most pkt-lines (ref updates and `shallow` lines together) in one push command list;
+/// far above what agents do.
 pub const MAX_COMMANDS: usize = 1000;
 
 /// Parses the command list at the start of `buf`. Returns the updates and the length of
 /// the command section (through the flush packet), or `Incomplete` if `buf` ends first.
 pub fn parse_commands(buf: &[u8]) -> Result<(Vec<RefUpdate>, usize), PktError> {
-    let mut pos = 0;
-    let mut updates = Vec::new();
-    loop {
-        let len_hex = buf.get(pos..pos + 4).ok_or(PktError::Incomplete)?;
-        let len_str = std::str::from_utf8(len_hex).map_err(|_| PktError::Malformed)?;
-        let len = usize::from_str_radix(len_str, 16).map_err(|_| PktError::Malformed)?;
-        if len == 0 {
-            return Ok((updates, pos + 4));
-        }
-        if len < 4 {
-            return Err(PktError::Malformed);
-        }
-        let payload = buf.get(pos + 4..pos + len).ok_or(PktError::Incomplete)?;
-        let line = payload.split(|b| *b == 0).next().unwrap_or(&[]);
-        let line = std::str::from_utf8(line).map_err(|_| PktError::Malformed)?.trim_end_matches('\n');
-        // `shallow OID` lines may precede the commands.
-        if !line.starts_with("shallow ") {
-            let mut it = line.splitn(3, ' ');
-            let (Some(old), Some(new), Some(refname)) = (it.next(), it.next(), it.next()) else {
-                return Err(PktError::Malformed);
-            };
-            let hex = |s: &str| (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
-            if !hex(old) || !hex(new) || !refname.starts_with("refs/") && refname != "HEAD" {
+    let mut reader = CommandReader::default();
+    match reader.advance(buf)? {
+        Some(end) => Ok((reader.into_updates(), end)),
+        None => Err(PktError::Incomplete),
+    }
+}
+
+/// Reads a command list as its bytes arrive: each call to [`CommandReader::advance`]
+/// resumes at the first pkt-line not yet complete, so every byte is examined once
+/// however finely the body is split (re-parsing from the start on every frame is
+/// quadratic: a 128 KiB list in 1-byte frames cost seconds of CPU).
+#[derive(Debug, Default)]
+pub struct CommandReader {
+    /// Where the next pkt-line starts.
+    pos: usize,
+    updates: Vec<RefUpdate>,
+    /// Every pkt-line so far, `shallow` lines included.
+    lines: usize,
+    /// Payload bytes parsed, for tests of the once-only property.
+    examined: usize,
+}
+
+impl CommandReader {
+    /// Parses the complete pkt-lines of `buf` (which holds everything received so far)
+    /// from where the last call stopped. `Some(end)` once the flush packet is read:
+    /// the command list is `buf[..end]`.
+    pub fn advance(&mut self, buf: &[u8]) -> Result<Option<usize>, PktError> {
+        loop {
+            let Some(len_hex) = buf.get(self.pos..self.pos + 4) else { return Ok(None) };
+            let len_str = std::str::from_utf8(len_hex).map_err(|_| PktError::Malformed)?;
+            let len = usize::from_str_radix(len_str, 16).map_err(|_| PktError::Malformed)?;
+            if len == 0 {
+                return Ok(Some(self.pos + 4));
+            }
+            if len < 4 {
                 return Err(PktError::Malformed);
             }
-            updates.push(RefUpdate { old: old.into(), new: new.into(), refname: refname.into() });
-            if updates.len() > MAX_COMMANDS {
+            let Some(payload) = buf.get(self.pos + 4..self.pos + len) else { return Ok(None) };
+            self.examined += payload.len();
+            self.lines += 1;
+            if self.lines > MAX_COMMANDS {
                 return Err(PktError::TooMany);
             }
+            let line = payload.split(|b| *b == 0).next().unwrap_or(&[]);
+            let line = std::str::from_utf8(line).map_err(|_| PktError::Malformed)?.trim_end_matches('\n');
+            // `shallow OID` lines may precede the commands.
+            if !line.starts_with("shallow ") {
+                self.updates.push(parse_update(line)?);
+            }
+            self.pos += len;
         }
-        pos += len;
     }
+
+    pub fn into_updates(self) -> Vec<RefUpdate> {
+        self.updates
+    }
+}
+
+fn parse_update(line: &str) -> Result<RefUpdate, PktError> {
+    let mut it = line.splitn(3, ' ');
+    let (Some(old), Some(new), Some(refname)) = (it.next(), it.next(), it.next()) else {
+        return Err(PktError::Malformed);
+    };
+    let hex = |s: &str| (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex(old) || !hex(new) || !refname.starts_with("refs/") && refname != "HEAD" {
+        return Err(PktError::Malformed);
+    }
+    Ok(RefUpdate { old: old.into(), new: new.into(), refname: refname.into() })
 }
 
 /// A pkt-line with `payload`.
@@ -93,5 +130,35 @@ mod tests {
         assert_eq!(parse_commands(b"zzzz"), Err(PktError::Malformed));
         assert_eq!(parse_commands(pkt("nonsense\n").as_bytes()), Err(PktError::Malformed));
         assert_eq!(parse_commands(b"0003"), Err(PktError::Malformed));
+    }
+
+    #[test]
+    fn byte_by_byte_examines_each_byte_once_and_counts_shallow_lines() {
+        let a = "a".repeat(40);
+        let mut body = String::new();
+        for i in 0..200 {
+            body.push_str(&pkt(&format!("shallow {a}\n")));
+            body.push_str(&pkt(&format!("{ZERO_ID} {a} refs/heads/agent/{i}\n")));
+        }
+        body.push_str("0000PACK");
+        let bytes = body.as_bytes();
+        let mut reader = CommandReader::default();
+        let mut end = None;
+        for n in 1..=bytes.len() {
+            if let Some(e) = reader.advance(&bytes[..n]).unwrap() {
+                end = Some(e);
+                break;
+            }
+        }
+        assert_eq!(end, Some(bytes.len() - 4));
+        assert!(reader.examined <= bytes.len(), "examined {} of {} bytes", reader.examined, bytes.len());
+        assert_eq!(reader.into_updates().len(), 200);
+
+        // Shallow lines count toward the limit.
+        let mut many = String::new();
+        for _ in 0..=MAX_COMMANDS {
+            many.push_str(&pkt(&format!("shallow {a}\n")));
+        }
+        assert_eq!(parse_commands(many.as_bytes()), Err(PktError::TooMany));
     }
 }

@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::credentials::{Permission, is_credential_refusal};
-use super::pktline::{self, PktError};
+use super::pktline;
 use super::route::{self, Op, RouteError};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::auth::{self, AuthError};
@@ -97,7 +97,14 @@ pub async fn handle(
     let idle = gh.idle_timeout;
     let bytes_up = Arc::new(AtomicU64::new(0));
     let body: ProxyBody = if git.service.is_write() && git.op == Op::Rpc {
-        if parts.headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
+        // Every value is checked (all are forwarded): git never compresses a push, and
+        // a coding the gateway did not read would hide the command list it judged.
+        if parts
+            .headers
+            .get_all(header::CONTENT_ENCODING)
+            .iter()
+            .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+        {
             return finish(&mut rec, DenyReason::BadRequest, None, "compressed push bodies are not supported", entry);
         }
         let (head, rest) = match read_commands(body, idle).await {
@@ -220,14 +227,13 @@ fn copy_git_headers(from: &HeaderMap, to: &mut HeaderMap) {
 /// bounded; returns it and the rest of the body, unread.
 async fn read_commands(mut body: Incoming, idle: Duration) -> Result<(Bytes, Incoming), String> {
     let mut head = BytesMut::new();
+    let mut reader = pktline::CommandReader::default();
     loop {
-        match pktline::parse_commands(&head) {
-            Ok((_, end)) => {
-                // Keep the bytes after the command list with the head: they are sent first.
-                let _ = end;
-                return Ok((head.freeze(), body));
-            }
-            Err(PktError::Incomplete) => {}
+        // Resumes where the last frame's bytes ended: each byte is parsed once.
+        match reader.advance(&head) {
+            // The bytes after the command list stay with the head: they are sent first.
+            Ok(Some(_)) => return Ok((head.freeze(), body)),
+            Ok(None) => {}
             Err(e) => return Err(format!("push command list: {e}")),
         }
         if head.len() > MAX_COMMANDS_BYTES {
