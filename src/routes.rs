@@ -177,6 +177,8 @@ pub async fn handle(
     let mut up = Request::builder().method(parts.method.clone()).uri(uri);
     if let Some(h) = up.headers_mut() {
         copy_headers(&parts.headers, h, route);
+        // Responses are redacted byte by byte: ask for them unencoded.
+        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         if let Ok(mut v) = HeaderValue::from_str(&format!("{}{}", route.prefix, secret.expose())) {
             v.set_sensitive(true);
             h.insert(route.header.clone(), v);
@@ -191,6 +193,21 @@ pub async fn handle(
         Err((reason, detail)) => return finish(&mut rec, reason, None, &detail, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    // The redactor matches raw bytes: a compressed echo of the key would pass it. The
+    // upstream was asked for `identity`; anything else is refused, never passed on.
+    if let Some(coding) = resp
+        .headers()
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .find(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        let detail = format!(
+            "the API answered with Content-Encoding {:?} although identity was asked for; an encoded body \
+             cannot be redacted",
+            String::from_utf8_lossy(coding.as_bytes())
+        );
+        return finish(&mut rec, DenyReason::UpstreamEncoding, None, &detail, entry);
+    }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
     crate::proxy::forward::strip_hop_by_hop(&mut parts.headers, false);
@@ -248,8 +265,13 @@ fn pair(s: &str) -> Result<Credentials, AuthError> {
 /// End-to-end headers pass; credentials, cookies, hop-by-hop headers and any value of
 /// the injected header the client sent stay behind.
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
-    let drop: [&str; 11] = [
+    // `range`/`if-range`: a key split across two ranges would escape a per-response
+    // redactor; `accept-encoding` is replaced by `identity`.
+    let drop: [&str; 14] = [
         "host",
+        "range",
+        "if-range",
+        "accept-encoding",
         "authorization",
         "proxy-authorization",
         "cookie",

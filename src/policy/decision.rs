@@ -22,10 +22,11 @@ pub enum DenyReason {
     UpstreamUnreachable,
     UpstreamTimeout,
     LimitExceeded,
+    UpstreamEncoding,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 17] = [
+    pub const ALL: [DenyReason; 18] = [
         DenyReason::AuthRequired,
         DenyReason::AuthInvalid,
         DenyReason::TokenExpired,
@@ -43,6 +44,7 @@ impl DenyReason {
         DenyReason::UpstreamUnreachable,
         DenyReason::UpstreamTimeout,
         DenyReason::LimitExceeded,
+        DenyReason::UpstreamEncoding,
     ];
 
     pub fn code(self) -> &'static str {
@@ -64,6 +66,7 @@ impl DenyReason {
             DenyReason::UpstreamUnreachable => "upstream_unreachable",
             DenyReason::UpstreamTimeout => "upstream_timeout",
             DenyReason::LimitExceeded => "limit_exceeded",
+            DenyReason::UpstreamEncoding => "upstream_encoding",
         }
     }
 
@@ -87,6 +90,7 @@ impl DenyReason {
             DenyReason::UpstreamUnreachable => "upstream could not be reached",
             DenyReason::UpstreamTimeout => "upstream did not answer in time",
             DenyReason::LimitExceeded => "a gateway limit was exceeded",
+            DenyReason::UpstreamEncoding => "the upstream answered with a content coding the gateway cannot redact",
         }
     }
 }

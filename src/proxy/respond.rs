@@ -30,7 +30,9 @@ pub fn status_for(reason: DenyReason) -> StatusCode {
         }
         DenyReason::BadRequest => StatusCode::BAD_REQUEST,
         DenyReason::RequestTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-        DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+        DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable | DenyReason::UpstreamEncoding => {
+            StatusCode::BAD_GATEWAY
+        }
         DenyReason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         DenyReason::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::FORBIDDEN,

@@ -14,16 +14,33 @@ use crate::proxy::BoxError;
 
 pub const MARK: &str = "[REDACTED]";
 
-/// Replaces the secret in every header value that contains it.
+/// Replaces the secret in every header value that contains it, as bytes: values that
+/// are not visible ASCII (obs-text) are redacted too. A value that cannot be rebuilt is
+/// dropped whole rather than passed on.
 pub fn headers(h: &mut HeaderMap, secret: &str) {
-    for v in h.values_mut() {
-        if let Ok(s) = v.to_str()
-            && s.contains(secret)
-            && let Ok(nv) = http::HeaderValue::from_str(&s.replace(secret, MARK))
-        {
-            *v = nv;
+    if secret.is_empty() {
+        return;
+    }
+    let mut unbuildable = Vec::new();
+    for (name, v) in h.iter_mut() {
+        let bytes = v.as_bytes();
+        if !contains(bytes, secret.as_bytes()) {
+            continue;
+        }
+        let (mut clean, tail) = scrub(bytes, secret.as_bytes());
+        clean.extend_from_slice(&tail);
+        match http::HeaderValue::from_bytes(&clean) {
+            Ok(nv) => *v = nv,
+            Err(_) => unbuildable.push(name.clone()),
         }
     }
+    for name in unbuildable {
+        h.remove(name);
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Replaces every occurrence of `secret` in `buf`; returns the text to emit now and the
@@ -83,8 +100,15 @@ where
                     self.carry = BytesMut::from(&tail[..]);
                     Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
                 }
-                // Trailers: pass on.
-                Err(frame) => Poll::Ready(Some(Ok(frame))),
+                // Trailers: redacted like headers.
+                Err(frame) => match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        let secret = String::from_utf8_lossy(&self.secret).into_owned();
+                        headers(&mut trailers, &secret);
+                        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+                    }
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                },
             },
             Poll::Ready(None) => {
                 self.done = true;
@@ -116,5 +140,17 @@ mod tests {
         joined.extend_from_slice(b"ret-123!");
         let (out, tail) = scrub(&joined, s);
         assert_eq!((out.as_slice(), tail.len()), (&b"[REDACTED]!"[..], 0));
+    }
+
+    #[test]
+    fn header_values_are_redacted_as_bytes() {
+        let mut h = HeaderMap::new();
+        let v = http::HeaderValue::from_bytes(b"\xe9 sk-secret-123 \xff").unwrap();
+        assert!(v.to_str().is_err(), "not visible ASCII");
+        h.insert("x-echo", v);
+        h.insert("x-plain", http::HeaderValue::from_static("key=sk-secret-123"));
+        headers(&mut h, "sk-secret-123");
+        assert_eq!(h["x-echo"].as_bytes(), b"\xe9 [REDACTED] \xff");
+        assert_eq!(h["x-plain"], "key=[REDACTED]");
     }
 }

@@ -221,6 +221,19 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
         return Response::new(full("slept"));
     }
+    if path == "/gzip-always" || path == "/gzip-if-asked" {
+        // The request's headers as JSON, gzip-compressed (by the gzip program) always, or
+        // only when the client accepts gzip.
+        let asked = headers.iter().any(|(k, v)| k == "accept-encoding" && v.contains("gzip"));
+        let echo = json!({ "headers": headers }).to_string();
+        if path == "/gzip-if-asked" && !asked {
+            return Response::new(full(echo));
+        }
+        return Response::builder()
+            .header("content-encoding", "gzip")
+            .body(full(gzip(echo.as_bytes())))
+            .expect("response");
+    }
     let method = req.method().to_string();
     let uri = req.uri().to_string();
     let body_len = match req.into_body().collect().await {
@@ -229,6 +242,18 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     };
     let out = json!({ "method": method, "uri": uri, "headers": headers, "body_len": body_len });
     Response::builder().header("content-type", "application/json").body(full(out.to_string())).expect("response")
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("gzip")
+        .arg("-c")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn gzip");
+    child.stdin.take().expect("stdin").write_all(data).expect("write to gzip");
+    child.wait_with_output().expect("gzip output").stdout
 }
 
 /// Runs `git http-backend` as a CGI program for one request.
