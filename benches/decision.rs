@@ -83,12 +83,14 @@ fn signed_tokens(c: &mut Criterion) {
         alg: Algorithm::HS256,
         decoding: DecodingKey::from_secret(secret).expect("hs256 key"),
         encoding: Some(EncodingKey::from_secret(secret).expect("hs256 key")),
+        fingerprint: Key::fingerprint_of(secret),
     };
     keys.insert("k-hs".to_string(), hs);
     let eddsa = Key {
         alg: Algorithm::EdDSA,
         decoding: DecodingKey::from_ed_pem(ed.public_key_pem().as_bytes()).expect("ed25519 public key"),
         encoding: Some(EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).expect("ed25519 private key")),
+        fingerprint: Key::fingerprint_of(ed.public_key_pem().as_bytes()),
     };
     keys.insert("k-ed".to_string(), eddsa);
     let verifier = Verifier::new(keys, Duration::from_secs(3600), Duration::from_secs(5), HashSet::new());

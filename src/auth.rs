@@ -54,6 +54,8 @@ pub enum AuthError {
     WrongNetwork,
     #[error("the client certificate does not name this sandbox")]
     WrongCertificate,
+    #[error("too many failed authentications from this address; retry in a second")]
+    TooManyFailures,
 }
 
 impl AuthError {
@@ -61,6 +63,7 @@ impl AuthError {
         match self {
             AuthError::Missing => DenyReason::AuthRequired,
             AuthError::Token(TokenError::Expired) => DenyReason::TokenExpired,
+            AuthError::TooManyFailures => DenyReason::LimitExceeded,
             AuthError::Malformed
             | AuthError::Invalid
             | AuthError::Token(_)
@@ -104,7 +107,26 @@ pub struct Identity {
     pub repos: Option<Vec<String>>,
     /// VPC endpoint ids the sandbox must come through (empty: any).
     pub vpce: Vec<String>,
-    pub signed: bool,
+    /// What authenticated it: a reload or an expiry sweep ends every connection whose
+    /// credential the new state refuses.
+    pub credential: Credential,
+}
+
+/// The credential a connection was authenticated with, as far as a later state must
+/// judge it: never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// A static token: rotated when the sandbox's `token_sha256` changes.
+    Static { token_sha256: [u8; 32] },
+    /// A signed token: revoked by its `jti` or sandbox id, ended by removing or
+    /// replacing its key (`kid`, and the key's fingerprint) and by its expiry.
+    Signed { kid: String, key: [u8; 32], jti: Option<String>, expires: u64 },
+}
+
+impl Identity {
+    pub fn signed(&self) -> bool {
+        matches!(self.credential, Credential::Signed { .. })
+    }
 }
 
 /// Checks credentials: a signed token (when keys are configured and the password is a
@@ -116,14 +138,21 @@ pub fn authenticate(
     now: u64,
 ) -> Result<Identity, AuthError> {
     if verifier.has_keys() && tokens::looks_signed(creds.secret()) {
-        let claims = verifier.verify(creds.secret(), &creds.user, now).map_err(AuthError::Token)?;
+        let (kid, claims) = verifier.verify_keyed(creds.secret(), &creds.user, now).map_err(AuthError::Token)?;
         let policy = set
             .policies
             .get(&claims.pol)
             .cloned()
             .ok_or(AuthError::Token(TokenError::Claims("pol names no policy".into())))?;
-        let vpce = policy.vpce().to_vec();
-        return Ok(Identity { sandbox: claims.sub, policy, repos: claims.repos, vpce, signed: true });
+        // A sandbox listed in the policy files with its own `vpce` stays bound to it
+        // whatever credential it presents.
+        let vpce = match set.sandbox(&claims.sub) {
+            Some(sbx) if !sbx.vpce.is_empty() => sbx.vpce.clone(),
+            _ => policy.vpce().to_vec(),
+        };
+        let key = verifier.key_fingerprint(&kid).unwrap_or_default();
+        let credential = Credential::Signed { kid, key, jti: claims.jti, expires: claims.exp };
+        return Ok(Identity { sandbox: claims.sub, policy, repos: claims.repos, vpce, credential });
     }
     let presented = token_sha256(creds.secret());
     match set.sandbox(&creds.user) {
@@ -132,7 +161,8 @@ pub fn authenticate(
                 return Err(AuthError::Token(TokenError::Revoked));
             }
             let vpce = if sbx.vpce.is_empty() { sbx.policy.vpce().to_vec() } else { sbx.vpce.clone() };
-            Ok(Identity { sandbox: sbx.id.clone(), policy: sbx.policy.clone(), repos: None, vpce, signed: false })
+            let credential = Credential::Static { token_sha256: sbx.token_sha256 };
+            Ok(Identity { sandbox: sbx.id.clone(), policy: sbx.policy.clone(), repos: None, vpce, credential })
         }
         Some(_) => Err(AuthError::Invalid),
         None => {
@@ -178,6 +208,49 @@ mod tests {
             assert!(parse_basic(bad.as_bytes()).is_err(), "{bad}");
         }
         assert!(parse_basic(&vec![b'a'; 5000]).is_err());
+    }
+
+    #[test]
+    fn signed_tokens_keep_a_listed_sandboxs_vpce_binding() {
+        use crate::policy::{Mode, Sandbox};
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let mut keys = std::collections::HashMap::new();
+        keys.insert(
+            "k1".to_string(),
+            tokens::Key {
+                alg: jsonwebtoken::Algorithm::HS256,
+                decoding: jsonwebtoken::DecodingKey::from_secret(secret).unwrap(),
+                encoding: Some(jsonwebtoken::EncodingKey::from_secret(secret).unwrap()),
+                fingerprint: tokens::Key::fingerprint_of(secret),
+            },
+        );
+        let verifier = Verifier::new(
+            keys,
+            std::time::Duration::from_secs(3600),
+            std::time::Duration::from_secs(5),
+            Default::default(),
+        );
+        let policy = Arc::new(Policy::builder("p", Mode::Enforce, &[443]).build());
+        let mut set = PolicySet::default();
+        set.policies.insert("p".into(), policy.clone());
+        set.sandboxes.insert(
+            "sbx-1".into(),
+            Sandbox { id: "sbx-1".into(), token_sha256: [0; 32], policy, vpce: vec!["vpce-1".into()] },
+        );
+        let now = tokens::now();
+        let claims = tokens::Claims {
+            sub: "sbx-1".into(),
+            pol: "p".into(),
+            exp: now + 60,
+            iat: Some(now),
+            nbf: None,
+            jti: Some("j1".into()),
+            repos: None,
+        };
+        let token = verifier.mint("k1", &claims).unwrap();
+        let id = authenticate(&set, &verifier, &Credentials::new("sbx-1", &token), now).unwrap();
+        assert_eq!(id.vpce, vec!["vpce-1".to_string()], "the sandbox's own binding holds for its signed tokens");
+        assert!(matches!(id.credential, Credential::Signed { ref kid, .. } if kid == "k1"));
     }
 
     #[test]

@@ -79,6 +79,10 @@ pub fn build_shared(
         config.proxy.sandbox_max_concurrent,
         config.proxy.sandbox_max_per_second,
     );
+    let admission = Arc::new(crate::proxy::admission::Admission::new(
+        config.proxy.max_unauthenticated_per_client,
+        config.proxy.auth_failures_per_second,
+    ));
     Ok(Arc::new(Shared {
         store: Store::new(loaded),
         config,
@@ -89,6 +93,7 @@ pub fn build_shared(
         draining: AtomicBool::new(false),
         tunnels: Default::default(),
         limits,
+        admission,
         tls,
         git,
         routes,
@@ -191,6 +196,8 @@ impl Gateway {
         let admin_task = tokio::spawn(admin::serve(admin, admin_state, admin_stop.clone()));
         let reloader = tokio::spawn(reload_on_sighup(shared.clone(), stop_accepting.clone()));
         let watcher = tokio::spawn(reload_on_change(shared.clone(), stop_accepting.clone()));
+        // Not stopped with accepting: connections being drained still end at expiry.
+        let expiry = tokio::spawn(end_expired_connections(shared.clone()));
         let dns_task = dns.map(|d| tokio::spawn(d.run(stop_accepting.clone())));
 
         shutdown.drain.cancelled().await;
@@ -226,6 +233,7 @@ impl Gateway {
             shared.hard_stop.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(2), shared.tasks.wait()).await;
         }
+        expiry.abort();
         admin_stop.cancel();
         let _ = admin_task.await;
         tracing::info!(clean = finished, "stopped");
@@ -252,6 +260,21 @@ async fn reload_on_change(shared: Arc<Shared>, stop: CancellationToken) {
             last = now;
             tracing::info!("policy files changed; reloading");
             let _ = crate::proxy::reload_off_thread(&shared).await;
+        }
+    }
+}
+
+/// Once a second, ends connections authenticated by a signed token that expired more
+/// than `tokens.expiry_grace` ago, so a short-lived token cannot hold a tunnel for hours.
+async fn end_expired_connections(shared: Arc<Shared>) {
+    let Some(grace) = shared.config.tokens.expiry_grace else { return };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let closed = shared.tunnels.close_expired(crate::tokens::now(), grace.as_secs());
+        if closed > 0 {
+            tracing::info!(closed, "connections ended: their signed tokens expired");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The proxy on port 4002: CONNECT tunnels and absolute-form HTTP forwarding, both
 //! through one decision path (identify, normalise, decide, resolve and vet, act, record).
 
+pub mod admission;
 pub mod bodies;
 pub mod connect;
 pub mod forward;
@@ -56,6 +57,8 @@ pub struct Shared {
     pub draining: std::sync::atomic::AtomicBool,
     pub tunnels: registry::Registry,
     pub limits: limits::SandboxLimits,
+    /// Per client address: connections not yet authenticated, failed authentications.
+    pub admission: Arc<admission::Admission>,
     /// Set when the proxy port speaks TLS.
     pub tls: Option<tls::TlsState>,
     /// The git route's upstream client and GitHub credentials.
@@ -118,6 +121,9 @@ pub struct ConnInfo {
     /// The connection's place under `proxy.max_connections`; tunnels and upgraded
     /// connections keep a clone, so they count until they close.
     pub slot: Option<Arc<server::Slot>>,
+    /// Counts against its address's unauthenticated share until a request on it
+    /// authenticates.
+    pub pending: Option<Arc<admission::Pending>>,
 }
 
 /// Entry point for every request on the proxy port.
@@ -166,11 +172,43 @@ pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the pro
 
 /// Authenticates from `Proxy-Authorization`, and holds a sandbox bound to VPC endpoints
 /// (`vpce = [...]`) to the endpoint the connection came through.
-fn identify(state: &State, req: &Request<Incoming>, conn: &ConnInfo) -> Result<auth::Identity, auth::AuthError> {
+fn identify(
+    state: &State,
+    req: &Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Shared,
+) -> Result<auth::Identity, auth::AuthError> {
     let value = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
-    let identity = auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())?;
-    check_binding(&identity, conn)?;
-    Ok(identity)
+    within_failure_budget(shared, conn, || {
+        let identity = auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())?;
+        check_binding(&identity, conn)?;
+        Ok(identity)
+    })
+}
+
+/// Runs an authentication under the client address's budget of failures: over it, the
+/// credential is not checked at all (`limit_exceeded`). A success ends the connection's
+/// unauthenticated state; a failure (other than no credentials at all) spends budget.
+pub fn within_failure_budget(
+    shared: &Shared,
+    conn: &ConnInfo,
+    check: impl FnOnce() -> Result<auth::Identity, auth::AuthError>,
+) -> Result<auth::Identity, auth::AuthError> {
+    let ip = conn.peer.ip();
+    if !shared.admission.may_try(ip) {
+        return Err(auth::AuthError::TooManyFailures);
+    }
+    let result = check();
+    match &result {
+        Ok(_) => {
+            if let Some(p) = &conn.pending {
+                p.authenticated();
+            }
+        }
+        Err(auth::AuthError::Missing) => {}
+        Err(_) => shared.admission.failed(ip),
+    }
+    result
 }
 
 /// Holds an identity to the connection it came on: a sandbox bound to VPC endpoints
@@ -191,7 +229,6 @@ pub fn check_binding(identity: &auth::Identity, conn: &ConnInfo) -> Result<(), a
 /// What a request that passed identification, policy and limits carries on.
 pub struct Authorized {
     pub identity: auth::Identity,
-    pub subject: crate::dryrun::Subject,
     /// The sandbox's concurrency slot, held for the life of the request or tunnel.
     pub permit: limits::Permit,
 }
@@ -207,9 +244,11 @@ fn authorize(
     shared: &Shared,
     target: &crate::addr::Target,
 ) -> Result<Authorized, Box<Response<ProxyBody>>> {
-    let identity = match identify(state, req, conn) {
+    let identity = match identify(state, req, conn, shared) {
         Ok(s) => s,
-        Err(e @ (auth::AuthError::WrongNetwork | auth::AuthError::WrongCertificate)) => {
+        Err(
+            e @ (auth::AuthError::WrongNetwork | auth::AuthError::WrongCertificate | auth::AuthError::TooManyFailures),
+        ) => {
             return Err(Box::new(reject(rec, e.reason(), &e.to_string())));
         }
         Err(e) => return Err(Box::new(reject(rec, e.reason(), AUTH_HINT))),
@@ -226,7 +265,7 @@ fn authorize(
         Ok(p) => p,
         Err(e) => return Err(Box::new(reject(rec, DenyReason::LimitExceeded, &e.to_string()))),
     };
-    Ok(Authorized { identity, subject, permit })
+    Ok(Authorized { identity, permit })
 }
 
 /// How a request reached a route that the gateway answers for itself (git, API).

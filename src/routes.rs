@@ -23,6 +23,7 @@ use crate::config::RouteConfig;
 use crate::policy::DenyReason;
 use crate::proxy::bodies::{Counting, IdleBody};
 use crate::proxy::limits::SandboxLimits;
+use crate::proxy::registry::{ENDED_HINT, Held, Revocable};
 use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
 use crate::reload::State;
 
@@ -96,10 +97,12 @@ pub async fn handle(
     };
     rec.target = format!("route:{}", first.name);
 
-    let identity = match identify(&state, &req, conn, entry, first) {
-        Ok(i) => i,
-        Err(e) => return finish(&mut rec, e.reason(), None, crate::proxy::AUTH_HINT, entry),
-    };
+    let identity =
+        match crate::proxy::within_failure_budget(shared, conn, || identify(&state, &req, conn, entry, first)) {
+            Ok(i) => i,
+            Err(e @ AuthError::TooManyFailures) => return finish(&mut rec, e.reason(), None, &e.to_string(), entry),
+            Err(e) => return finish(&mut rec, e.reason(), None, crate::proxy::AUTH_HINT, entry),
+        };
     rec.sandbox = Some(identity.sandbox.clone());
     rec.policy = Some(identity.policy.name().to_string());
     let Some(route) = candidates.iter().find(|r| identity.policy.routes().contains(&r.name)) else {
@@ -169,6 +172,8 @@ pub async fn handle(
         );
     };
 
+    let registration =
+        shared.tunnels.register(&identity, Held::Route(route.name.clone()), shared.hard_stop.child_token());
     let (parts, body) = req.into_parts();
     let bytes_up = Arc::new(AtomicU64::new(0));
     let idle = shared.config.proxy.tunnel_idle_timeout;
@@ -188,9 +193,11 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = shared.config.proxy.response_header_timeout;
-    let resp = match crate::upstream_tls::send(&route_shared.client, up, timeout, "the API").await {
-        Ok(r) => r,
-        Err((reason, detail)) => return finish(&mut rec, reason, None, &detail, entry),
+    let sent = registration.unless_ended(crate::upstream_tls::send(&route_shared.client, up, timeout, "the API")).await;
+    let resp = match sent {
+        Some(Ok(r)) => r,
+        Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
+        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     // The redactor matches raw bytes: a compressed echo of the key would pass it. The
@@ -218,7 +225,7 @@ pub async fn handle(
     // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
     // through as is, with its Location redacted like everything else.
     redact::headers(&mut parts.headers, secret.expose());
-    let body = redact::RedactBody::new(IdleBody::new(body, idle), secret.expose());
+    let body = redact::RedactBody::new(Revocable::new(IdleBody::new(body, idle), registration), secret.expose());
     let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
     Response::from_parts(parts, body.boxed_unsync())
 }

@@ -64,11 +64,36 @@ pub enum TokenError {
     Claims(String),
 }
 
+impl TokenError {
+    /// True for refusals that depend only on the token and this generation's keys, not
+    /// on the time, the presenting user or the revocation list.
+    fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            TokenError::Malformed
+                | TokenError::UnknownKey
+                | TokenError::WrongAlgorithm
+                | TokenError::BadSignature
+                | TokenError::Claims(_)
+        )
+    }
+}
+
 /// A verification key (and, where the instance holds it, a signing key).
 pub struct Key {
     pub alg: Algorithm,
     pub decoding: DecodingKey,
     pub encoding: Option<EncodingKey>,
+    /// SHA-256 of the verification key material: a key replaced under the same `kid`
+    /// ends the connections its predecessor authenticated.
+    pub fingerprint: [u8; 32],
+}
+
+impl Key {
+    /// The fingerprint of verification key material (a secret, or a public key PEM).
+    pub fn fingerprint_of(material: &[u8]) -> [u8; 32] {
+        Sha256::digest(material).into()
+    }
 }
 
 /// Most tokens remembered at once; when full, expired ones are dropped first, then all.
@@ -81,16 +106,21 @@ pub struct Verifier {
     max_ttl: Duration,
     leeway: Duration,
     revoked: HashSet<String>,
-    /// Claims of tokens whose signature verified, by SHA-256 of the token.
-    verified: Mutex<HashMap<[u8; 32], Claims>>,
+    /// Claims (and the key id) of tokens whose signature verified, by SHA-256 of the
+    /// token.
+    verified: Mutex<HashMap<[u8; 32], (String, Claims)>>,
+    /// Tokens refused for what cannot change (their signature, key, form or claims), by
+    /// SHA-256 of the token: a replayed forgery does not buy a signature check each
+    /// time. Bounded; cleared when full.
+    refused: Mutex<HashMap<[u8; 32], TokenError>>,
 }
 
 impl Verifier {
     pub fn new(keys: HashMap<String, Key>, max_ttl: Duration, leeway: Duration, revoked: HashSet<String>) -> Self {
-        Verifier { keys, max_ttl, leeway, revoked, verified: Mutex::default() }
+        Verifier { keys, max_ttl, leeway, revoked, verified: Mutex::default(), refused: Mutex::default() }
     }
 
-    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Claims>> {
+    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (String, Claims)>> {
         self.verified.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -103,24 +133,51 @@ impl Verifier {
         self.revoked.contains(id)
     }
 
+    /// The fingerprint of the key with id `kid`, if one is configured: a removed or
+    /// replaced key ends what its predecessor authenticated.
+    pub fn key_fingerprint(&self, kid: &str) -> Option<[u8; 32]> {
+        self.keys.get(kid).map(|k| k.fingerprint)
+    }
+
     /// Verifies `token` presented by Basic user `user` at unix time `now`.
     pub fn verify(&self, token: &str, user: &str, now: u64) -> Result<Claims, TokenError> {
+        self.verify_keyed(token, user, now).map(|(_, c)| c)
+    }
+
+    /// [`Verifier::verify`], also returning the id of the key that signed the token.
+    pub fn verify_keyed(&self, token: &str, user: &str, now: u64) -> Result<(String, Claims), TokenError> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let known = self.verified().get(&digest).cloned();
-        if let Some(c) = known {
+        if let Some((kid, c)) = known {
             self.check_claims(&c, user, now)?;
-            return Ok(c);
+            return Ok((kid, c));
         }
-        let c = self.verify_signed(token, user, now)?;
+        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner()).get(&digest).cloned();
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        let (kid, c) = match self.verify_signed(token, user, now) {
+            Ok(ok) => ok,
+            Err(e) => {
+                if e.is_permanent() {
+                    let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                    if refused.len() >= VERIFIED_MAX {
+                        refused.clear();
+                    }
+                    refused.insert(digest, e.clone());
+                }
+                return Err(e);
+            }
+        };
         let mut verified = self.verified();
         if verified.len() >= VERIFIED_MAX {
-            verified.retain(|_, c| !self.expired(c, now));
+            verified.retain(|_, (_, c)| !self.expired(c, now));
             if verified.len() >= VERIFIED_MAX {
                 verified.clear();
             }
         }
-        verified.insert(digest, c.clone());
-        Ok(c)
+        verified.insert(digest, (kid.clone(), c.clone()));
+        Ok((kid, c))
     }
 
     /// Past `exp`, allowing for `tokens.leeway`.
@@ -129,7 +186,7 @@ impl Verifier {
     }
 
     /// The full check: header, key, signature, then the claims.
-    fn verify_signed(&self, token: &str, user: &str, now: u64) -> Result<Claims, TokenError> {
+    fn verify_signed(&self, token: &str, user: &str, now: u64) -> Result<(String, Claims), TokenError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
         let kid = header.kid.as_deref().ok_or(TokenError::UnknownKey)?;
         let key = self.keys.get(kid).ok_or(TokenError::UnknownKey)?;
@@ -152,7 +209,7 @@ impl Verifier {
         })?;
         let c = data.claims;
         self.check_claims(&c, user, now)?;
-        Ok(c)
+        Ok((kid.to_string(), c))
     }
 
     /// The checks that depend on time, the presenting user and the revocation list:
@@ -219,6 +276,7 @@ mod tests {
                 alg: Algorithm::HS256,
                 decoding: DecodingKey::from_secret(secret).unwrap(),
                 encoding: Some(EncodingKey::from_secret(secret).unwrap()),
+                fingerprint: Key::fingerprint_of(secret),
             },
         );
         let revoked = ["sbx-revoked".to_string(), "jti-revoked".to_string()].into_iter().collect();
@@ -276,6 +334,25 @@ mod tests {
         assert!(v.verify(&fresh, "sbx-1", later).is_ok());
         // Left: the first token, the half of the others still valid, and the new one.
         assert_eq!(v.verified().len(), 1 + VERIFIED_MAX / 2 + 1, "the expired half was dropped");
+    }
+
+    #[test]
+    fn forged_tokens_are_remembered_as_refused() {
+        let v = verifier();
+        let t0 = now();
+        let ok = v.mint("k1", &claims("sbx-1", t0, t0 + 600)).unwrap();
+        let parts: Vec<&str> = ok.split('.').collect();
+        use base64::Engine;
+        let other = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(format!(r#"{{"sub":"sbx-1","pol":"admin","exp":{}}}"#, t0 + 600));
+        let forged = format!("{}.{other}.{}", parts[0], parts[2]);
+        assert_eq!(v.verify(&forged, "sbx-1", t0), Err(TokenError::BadSignature));
+        assert_eq!(v.refused.lock().unwrap().len(), 1, "a bad signature is remembered");
+        assert_eq!(v.verify(&forged, "sbx-1", t0), Err(TokenError::BadSignature));
+        // Refusals that depend on time or the presenting user are not remembered.
+        assert_eq!(v.verify(&ok, "sbx-1", t0 + 700), Err(TokenError::Expired));
+        assert_eq!(v.refused.lock().unwrap().len(), 1);
+        assert!(v.verify(&ok, "sbx-1", t0).is_ok());
     }
 
     #[test]

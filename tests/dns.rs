@@ -266,3 +266,29 @@ fn tcp_connections_are_capped_and_idle_ones_closed() {
     let r = tcp(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
     assert_eq!(ips(&r), vec!["127.0.0.1"]);
 }
+
+/// The idle timer restarts with every message, so a client that keeps talking could
+/// hold every TCP slot: one source address holds at most `dns.tcp_max_per_client`.
+#[test]
+fn one_source_cannot_hold_every_tcp_slot() {
+    use std::io::{Read, Write};
+    let (_gw, dns) = gateway("tcp_max_connections = 4\ntcp_max_per_client = 2\ntcp_idle_timeout = \"5s\"\n");
+    let q = query("gateway.sandbox.internal.", RecordType::A, None).to_vec().unwrap();
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    let mut held: Vec<_> = (0..4).map(|_| support::raw::connect_from([127, 0, 0, 3], dns).unwrap()).collect();
+    let mut answered = 0;
+    for s in held.iter_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let _ = s.write_all(&framed);
+        let mut len = [0u8; 2];
+        if s.read_exact(&mut len).is_ok() {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 2, "two connections from one source, the rest closed at once");
+    // Another source still gets a slot while those two are held.
+    let r = tcp(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
+    assert_eq!(ips(&r), vec!["127.0.0.1"]);
+    drop(held);
+}

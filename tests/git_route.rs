@@ -297,6 +297,19 @@ fn path_tricks_and_unsupported_paths() {
     );
     assert_eq!(status(&resp), 401, "{resp}");
     assert!(resp.to_ascii_lowercase().contains("www-authenticate: basic realm=\"egress-gateway\""), "{resp}");
+    // A push whose body carries a second Content-Encoding (all are forwarded) is refused.
+    for codings in ["Content-Encoding: identity\r\nContent-Encoding: gzip", "Content-Encoding: identity, gzip"] {
+        let resp = raw::request(
+            w.gw.addr,
+            format!(
+                "POST /github.test/acme/widgets.git/git-receive-pack HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\n\
+                 Content-Type: application/x-git-receive-pack-request\r\n{codings}\r\nContent-Length: 4\r\n\r\n0000"
+            )
+            .as_bytes(),
+        );
+        assert_eq!(status(&resp), 400, "{codings}: {resp}");
+        assert!(resp.contains("compressed push bodies are not supported"), "{resp}");
+    }
     assert!(w.github.recorded().is_empty());
 }
 

@@ -335,3 +335,39 @@ fn shadow_policy_disagreements_are_logged_and_counted() {
         "{metrics}"
     );
 }
+
+/// Report mode never applies where the gateway adds its own credential, and a tunnel to
+/// GitHub beside git rules goes around them: lint warns on both, check explains both.
+#[test]
+fn lint_and_check_explain_report_mode_and_github_tunnels_beside_git_rules() {
+    let policy = r#"
+[policies.trial]
+mode = "report"
+allow = ["*.github.com", "github.com"]
+git = { repos = ["acme/widgets"] }
+
+[[sandboxes]]
+id = "s"
+token_sha256 = "@HASH@"
+policy = "trial"
+"#;
+    let (_d, cfg) = setup(policy, "");
+    let (code, out, _) = text(&bin(&["policy", "lint", "--config", s(&cfg)]));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("policies.trial.mode: report mode does not apply to git rules or API routes"), "{out}");
+    assert!(out.contains("policies.trial.allow \"github.com\": allows an opaque tunnel to GitHub"), "{out}");
+    let (code, out, _) = text(&bin(&[
+        "check",
+        "--config",
+        s(&cfg),
+        "--sandbox",
+        "s",
+        "--push",
+        "refs/heads/main",
+        "https://github.com/acme/widgets.git",
+    ]));
+    assert_eq!(code, 1, "a push with no git.push rules is denied even in report mode: {out}");
+    assert!(out.contains("git_write_denied"), "{out}");
+    assert!(out.contains("note:    policy is in report mode, but git rules are always enforced"), "{out}");
+    assert!(out.contains("also allows an opaque tunnel to GitHub"), "{out}");
+}

@@ -200,10 +200,11 @@ fn slow_clients_are_cut_off_while_others_are_served() {
 #[test]
 fn a_connection_flood_does_not_starve_other_clients() {
     let (gw, origin) = start_http();
-    // 300 connections opened and held (bounded), some sending junk.
+    // 300 connections opened and held (bounded), some sending junk, from another
+    // address than the client's.
     let flood: Vec<_> = (0..300)
         .filter_map(|i| {
-            let mut s = std::net::TcpStream::connect(gw.addr).ok()?;
+            let mut s = raw::connect_from([127, 0, 0, 5], gw.addr).ok()?;
             if i % 3 == 0 {
                 let _ = s.write_all(b"\x00\x01\x02garbage");
             }
@@ -228,4 +229,68 @@ fn redirects_are_passed_back_never_followed() {
     let out =
         curl(&["-L", "-x", &gw.proxy_url("sbx-a", TOKEN_A), &format!("http://origin.test:{}/redirect", origin.port())]);
     assert_eq!(out.status, 403, "{out:?}");
+}
+
+/// Idle sockets from one address cannot take all of `proxy.max_connections`: an address
+/// holds at most its share of connections that have not authenticated, and failed
+/// authentications from one address are rated (`429` with `Retry-After`), while another
+/// sandbox is served throughout.
+#[test]
+fn one_address_cannot_starve_others_before_authenticating() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG.replace(
+        "header_read_timeout = \"2s\"",
+        "header_read_timeout = \"20s\"\nmax_connections = 32\nauth_failures_per_second = 5",
+    );
+    let gw = TestGateway::start(&config, &standard_policy());
+    let url = format!("http://origin.test:{}/echo", origin.port());
+    // 32 idle sockets from 127.0.0.3: a quarter of max_connections (8) is its share.
+    let mut idle: Vec<_> = (0..32).map(|_| raw::connect_from([127, 0, 0, 3], gw.addr).unwrap()).collect();
+    // Which 24 are refused depends on the order the proxy threads admit them in: read
+    // each until it answers, or until it has stayed silent (admitted and idle) a while.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut answers: Vec<String> = Vec::new();
+    loop {
+        answers = idle
+            .iter_mut()
+            .map(|s| {
+                s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                let mut buf = vec![0u8; 4096];
+                match s.read(&mut buf) {
+                    Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+                    Err(_) => String::new(),
+                }
+            })
+            .zip(answers.iter().cloned().chain(std::iter::repeat(String::new())))
+            .map(|(new, old)| if old.is_empty() { new } else { old })
+            .collect();
+        if answers.iter().filter(|a| !a.is_empty()).count() >= 24 || std::time::Instant::now() > deadline {
+            break;
+        }
+    }
+    let refused: Vec<&String> = answers.iter().filter(|a| !a.is_empty()).collect();
+    assert_eq!(refused.len(), 24, "all but 8 refused: {answers:?}");
+    for r in refused {
+        assert_eq!(status(r), 429, "{r}");
+        assert!(r.contains("limit_exceeded") && r.to_ascii_lowercase().contains("retry-after: 1"), "{r}");
+    }
+    let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &url]);
+    assert_eq!(out.status, 200, "another address is served: {out:?}");
+
+    // Wrong tokens from 127.0.0.4: five are checked (407), then 429 without a check.
+    let attempt = |token: &str| {
+        let mut s = raw::connect_from([127, 0, 0, 4], gw.addr).unwrap();
+        let req = format!(
+            "GET {url} HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+            basic("sbx-a", token)
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        raw::read_all(&mut s)
+    };
+    let statuses: Vec<u16> = (0..8).map(|i| status(&attempt(&format!("wrong-{i}")))).collect();
+    assert_eq!(&statuses[..5], &[407; 5], "{statuses:?}");
+    assert!(statuses[5..].iter().all(|&s| s == 429), "{statuses:?}");
+    let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &url]);
+    assert_eq!(out.status, 200, "other addresses keep their budget: {out:?}");
+    drop(idle);
 }

@@ -56,6 +56,11 @@ fn config_validate_cli() {
         ("[log]\nflush_interval = \"5s\"\n", "log.flush_interval: expected at most 1s"),
         ("[proxy]\nthreads = 1000\n", "proxy.threads: expected 0 (one per CPU) to 256"),
         ("[policy]\ndir = \"missing\"\n", "policy.dir: expected a directory"),
+        ("[tokens]\nexpiry_grace = \"soon\"\n", "tokens.expiry_grace: expected a duration such as \"60s\" or \"off\""),
+        (
+            "[dns]\nhostnames = [\"gw.internal\"]\naddresses = [\"10.0.0.1\"]\ntcp_max_per_client = 0\n",
+            "dns.tcp_max_per_client: expected at least 1",
+        ),
     ];
     for (text, expect) in cases {
         let path = dir.path().join("bad.toml");

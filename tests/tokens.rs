@@ -115,7 +115,11 @@ fn minted_tokens_are_accepted_for_their_policy() {
 fn bad_tokens_are_refused_with_reasons() {
     let keys = Keys::new();
     let origin = TestOrigin::http();
-    let gw = TestGateway::start(&format!("{STANDARD_CONFIG}{}", keys.section(true)), &standard_policy());
+    // Ten refusals in a row from one address are this test's point, not a flood: the
+    // failure rate (tests/security_http.rs) is raised so each is checked.
+    let config = format!("{STANDARD_CONFIG}{}", keys.section(true))
+        .replace("[proxy]\n", "[proxy]\nauth_failures_per_second = 1000\n");
+    let gw = TestGateway::start(&config, &standard_policy());
     let t = now();
     let claims = |sub: &str, iat: u64, exp: u64| serde_json::json!({"sub": sub, "pol": "a", "iat": iat, "exp": exp});
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -193,4 +197,100 @@ fn check_honours_a_tokens_policy_and_repo_narrowing() {
     let out = check("https://github.com/acme/tools.git");
     assert_eq!(out.status.code(), Some(1), "the token narrows acme/* to acme/widgets");
     assert!(String::from_utf8_lossy(&out.stdout).contains("repo_not_connected"));
+}
+
+/// Opens a CONNECT tunnel to the origin for `user` and returns its socket after the 200.
+fn open_tunnel(gw: &TestGateway, origin: &TestOrigin, user: &str, token: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = raw::connect(gw.addr);
+    let target = format!("origin.test:{}", origin.port());
+    write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n", basic(user, token))
+        .unwrap();
+    let head = raw::read_head(&mut s);
+    assert_eq!(status(&head), 200, "{user}: {head}");
+    s
+}
+
+/// Reads until the gateway closes `s` (EOF or reset), discarding data; panics if it is
+/// still open at `deadline`.
+fn wait_closed(s: &mut std::net::TcpStream, what: &str, deadline: std::time::Instant) {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+        assert!(std::time::Instant::now() < deadline, "{what} is still open");
+    }
+}
+
+/// A tunnel still carries traffic: an HTTP request through it is answered.
+fn still_open(s: &mut std::net::TcpStream) {
+    use std::io::Write;
+    s.write_all(b"GET /echo HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
+    assert_eq!(status(&raw::read_head(s)), 200);
+}
+
+/// A credential that the new state refuses ends every connection it authenticated, at
+/// the reload that refuses it: a revoked `jti`, a replaced signing key, a rotated static
+/// token; tunnels and long forwarded responses alike. A connection opened with a signed
+/// token also ends once the token expires (after `tokens.expiry_grace`).
+#[test]
+fn open_connections_end_when_their_credential_is_revoked_rotated_or_expires() {
+    let keys = Keys::new();
+    let origin = TestOrigin::http();
+    let config = format!("{STANDARD_CONFIG}{}", keys.section(true))
+        .replace("leeway = \"5s\"", "leeway = \"5s\"\nexpiry_grace = \"1s\"");
+    assert!(config.contains("expiry_grace"));
+    let gw = TestGateway::start(&config, &standard_policy());
+    let t = now();
+    let revoked_jti = mint(&gw, &["--kid", "k-hs", "--sandbox", "sbx-r1", "--policy", "a", "--jti", "tok-1"]).unwrap();
+    let ed_signed = mint(&gw, &["--kid", "k-ed", "--sandbox", "sbx-r2", "--policy", "a"]).unwrap();
+    let kept = mint(&gw, &["--kid", "k-hs", "--sandbox", "sbx-r4", "--policy", "a", "--jti", "tok-4"]).unwrap();
+    let short = hs256(&serde_json::json!({"sub": "sbx-r3", "pol": "a", "iat": t, "exp": t + 2}), "k-hs", HS_SECRET);
+
+    let mut by_jti = open_tunnel(&gw, &origin, "sbx-r1", &revoked_jti);
+    let mut by_ed = open_tunnel(&gw, &origin, "sbx-r2", &ed_signed);
+    let mut by_static = open_tunnel(&gw, &origin, "sbx-a", support::TOKEN_A);
+    let mut control = open_tunnel(&gw, &origin, "sbx-r4", &kept);
+    // A forwarded response that streams for 30 s.
+    let mut streaming = raw::connect(gw.addr);
+    {
+        use std::io::Write;
+        let req = format!(
+            "GET http://origin.test:{}/slow/300/100 HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+            origin.port(),
+            basic("sbx-a", support::TOKEN_A)
+        );
+        streaming.write_all(req.as_bytes()).unwrap();
+        assert_eq!(status(&raw::read_head(&mut streaming)), 200);
+    }
+
+    // Expiry first: the short token's tunnel ends about a second after its exp.
+    let mut by_short = open_tunnel(&gw, &origin, "sbx-r3", &short);
+    wait_closed(&mut by_short, "the tunnel of an expired token", std::time::Instant::now() + Duration::from_secs(10));
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "connections ended: their signed tokens expired");
+    still_open(&mut control);
+
+    // Revoke tok-1, replace the k-ed key, rotate sbx-a's static token; reload.
+    std::fs::write(keys.dir.path().join("revoked.txt"), "tok-1\n").unwrap();
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    std::fs::write(keys.dir.path().join("ed.key"), kp.serialize_pem()).unwrap();
+    std::fs::write(keys.dir.path().join("ed.pub"), kp.public_key_pem()).unwrap();
+    let rotated =
+        standard_policy().replace(&support::sha256_hex(support::TOKEN_A), &support::sha256_hex("a-new-token"));
+    std::fs::write(gw.dir.path().join("policy/test.toml"), rotated).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    wait_closed(&mut by_jti, "the tunnel of a revoked jti", deadline);
+    wait_closed(&mut by_ed, "the tunnel of a replaced signing key", deadline);
+    wait_closed(&mut by_static, "the tunnel of a rotated static token", deadline);
+    wait_closed(&mut streaming, "a forwarded response of a rotated static token", deadline);
+    still_open(&mut control);
 }

@@ -44,6 +44,7 @@ pub fn load_verifier(config: &Config) -> Result<Verifier, ConfigError> {
                     alg: Algorithm::HS256,
                     decoding: DecodingKey::from_secret(&secret).map_err(|e| err(name.clone(), e.to_string()))?,
                     encoding: Some(EncodingKey::from_secret(&secret).map_err(|e| err(name, e.to_string()))?),
+                    fingerprint: Key::fingerprint_of(&secret),
                 }
             }
             KeyAlg::EdDsa => {
@@ -62,7 +63,7 @@ pub fn load_verifier(config: &Config) -> Result<Verifier, ConfigError> {
                     }
                     None => None,
                 };
-                Key { alg: Algorithm::EdDSA, decoding, encoding }
+                Key { alg: Algorithm::EdDSA, decoding, encoding, fingerprint: Key::fingerprint_of(&pem) }
             }
         };
         keys.insert(k.kid.clone(), key);

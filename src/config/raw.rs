@@ -97,6 +97,9 @@ pub struct RawTokens {
     /// Sandbox ids and token ids (`jti`), one per line; reloaded with the policies.
     pub revocation_file: String,
     pub keys: Vec<RawKey>,
+    /// How long past its token's `exp` a connection authenticated by a signed token may
+    /// stay open: a duration, or "off".
+    pub expiry_grace: String,
 }
 
 impl Default for RawTokens {
@@ -106,6 +109,7 @@ impl Default for RawTokens {
             leeway: Duration::from_secs(30),
             revocation_file: String::new(),
             keys: Vec::new(),
+            expiry_grace: "60s".to_string(),
         }
     }
 }
@@ -164,6 +168,11 @@ pub struct RawProxy {
     #[serde(with = "humantime_serde")]
     pub tunnel_idle_timeout: Duration,
     pub max_connections: usize,
+    /// Connections one client address may hold open before authenticating; unset:
+    /// a quarter of max_connections (at least 4, at most 256); 0: no cap.
+    pub max_unauthenticated_per_client: Option<usize>,
+    /// Failed authentications per second one client address may make; 0: no limit.
+    pub auth_failures_per_second: u32,
     /// Accept threads, each with its own runtime; 0: one per CPU.
     pub threads: usize,
     pub max_header_bytes: usize,
@@ -200,6 +209,8 @@ impl Default for RawProxy {
             response_header_timeout: Duration::from_secs(120),
             tunnel_idle_timeout: Duration::from_secs(300),
             max_connections: 10_000,
+            max_unauthenticated_per_client: None,
+            auth_failures_per_second: 10,
             threads: 0,
             max_header_bytes: 32 * 1024,
             max_headers: 100,
@@ -305,6 +316,9 @@ pub struct RawDns {
     pub rate_limit_burst: u32,
     pub rate_limit_action: String,
     pub tcp_max_connections: usize,
+    /// TCP connections one source address may hold; unset: an eighth of
+    /// tcp_max_connections (1 to 64).
+    pub tcp_max_per_client: Option<usize>,
     #[serde(with = "humantime_serde")]
     pub tcp_idle_timeout: Duration,
     pub udp_sockets: usize,
@@ -324,6 +338,7 @@ impl Default for RawDns {
             rate_limit_burst: 400,
             rate_limit_action: "drop".to_string(),
             tcp_max_connections: 512,
+            tcp_max_per_client: None,
             tcp_idle_timeout: Duration::from_secs(10),
             udp_sockets: 0,
             log_blocked_per_second: 10,

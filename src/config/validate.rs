@@ -73,6 +73,9 @@ pub struct TokensConfig {
     pub leeway: Duration,
     pub revocation_file: Option<PathBuf>,
     pub keys: Vec<KeySource>,
+    /// Connections authenticated by a signed token end this long after its `exp`;
+    /// `None` ("off"): they end only when they close or a reload refuses them.
+    pub expiry_grace: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +125,10 @@ pub struct ProxyConfig {
     pub response_header_timeout: Duration,
     pub tunnel_idle_timeout: Duration,
     pub max_connections: usize,
+    /// Connections one client address may hold before authenticating (0: no cap).
+    pub max_unauthenticated_per_client: usize,
+    /// Failed authentications per second per client address (0: no limit).
+    pub auth_failures_per_second: u32,
     /// Threads serving the proxy port, each running its own single-threaded runtime.
     pub threads: usize,
     pub max_header_bytes: usize,
@@ -212,6 +219,7 @@ pub struct DnsConfig {
     pub rate_limit_burst: u32,
     pub rate_limit_action: RateLimitAction,
     pub tcp_max_connections: usize,
+    pub tcp_max_per_client: usize,
     pub tcp_idle_timeout: Duration,
     /// 0: one per core.
     pub udp_sockets: usize,
@@ -323,6 +331,10 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         response_header_timeout: p.response_header_timeout,
         tunnel_idle_timeout: p.tunnel_idle_timeout,
         max_connections: p.max_connections,
+        max_unauthenticated_per_client: p
+            .max_unauthenticated_per_client
+            .unwrap_or_else(|| (p.max_connections / 4).clamp(4, 256)),
+        auth_failures_per_second: p.auth_failures_per_second,
         threads: match p.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n if n > MAX_PROXY_THREADS => {
@@ -507,6 +519,11 @@ fn validate_dns(d: super::raw::RawDns, file: &DisplayPath) -> Result<DnsConfig, 
         rate_limit_burst: d.rate_limit_burst,
         rate_limit_action,
         tcp_max_connections: d.tcp_max_connections,
+        tcp_max_per_client: match d.tcp_max_per_client {
+            Some(0) => return Err(err("dns.tcp_max_per_client", "expected at least 1".into())),
+            Some(n) => n,
+            None => (d.tcp_max_connections / 8).clamp(1, 64),
+        },
         tcp_idle_timeout: d.tcp_idle_timeout,
         udp_sockets: d.udp_sockets,
         log_blocked_per_second: d.log_blocked_per_second,
@@ -532,6 +549,16 @@ pub fn clean_path(p: &Path) -> PathBuf {
 
 fn validate_tokens(t: super::raw::RawTokens, file: &DisplayPath, base_dir: &Path) -> Result<TokensConfig, ConfigError> {
     positive(file, "tokens.max_ttl", t.max_ttl)?;
+    let expiry_grace = match t.expiry_grace.trim() {
+        "off" => None,
+        v => Some(humantime::parse_duration(v).map_err(|e| {
+            ConfigError::invalid(
+                file,
+                "tokens.expiry_grace",
+                format!("expected a duration such as \"60s\" or \"off\", got {v:?}: {e}"),
+            )
+        })?),
+    };
     let path = |p: &str| (!p.is_empty()).then(|| clean_path(&base_dir.join(p)));
     let mut keys = Vec::with_capacity(t.keys.len());
     let mut seen = std::collections::HashSet::new();
@@ -584,7 +611,13 @@ fn validate_tokens(t: super::raw::RawTokens, file: &DisplayPath, base_dir: &Path
             private_key_file: path(&k.private_key_file),
         });
     }
-    Ok(TokensConfig { max_ttl: t.max_ttl, leeway: t.leeway, revocation_file: path(&t.revocation_file), keys })
+    Ok(TokensConfig {
+        max_ttl: t.max_ttl,
+        leeway: t.leeway,
+        revocation_file: path(&t.revocation_file),
+        keys,
+        expiry_grace,
+    })
 }
 
 fn validate_github(g: super::raw::RawGithub, file: &DisplayPath, base_dir: &Path) -> Result<GithubConfig, ConfigError> {

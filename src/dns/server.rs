@@ -39,6 +39,7 @@ pub struct DnsServer {
     tcp: TcpListener,
     handler: Handler,
     max_tcp: usize,
+    max_tcp_per_client: usize,
     tcp_idle: Duration,
 }
 
@@ -63,6 +64,7 @@ impl DnsServer {
                         tcp,
                         handler: Handler::new(firewall),
                         max_tcp: cfg.tcp_max_connections,
+                        max_tcp_per_client: cfg.tcp_max_per_client,
                         tcp_idle: cfg.tcp_idle_timeout,
                     });
                 }
@@ -79,7 +81,7 @@ impl DnsServer {
 
     /// Serves until `shutdown` fires, then stops both transports.
     pub async fn run(self, shutdown: CancellationToken) {
-        let DnsServer { udp, tcp, handler, max_tcp, tcp_idle } = self;
+        let DnsServer { udp, tcp, handler, max_tcp, max_tcp_per_client, tcp_idle } = self;
         let tasks = TaskTracker::new();
         let mut threads = Vec::new();
         for (i, socket) in udp.into_iter().enumerate() {
@@ -92,7 +94,8 @@ impl DnsServer {
                 Err(e) => tracing::error!(error = %e, "cannot start DNS UDP thread"),
             }
         }
-        serve_tcp(tcp, handler, max_tcp, tcp_idle, shutdown.clone(), tasks.clone()).await;
+        let limits = TcpLimits { max: max_tcp, per_client: max_tcp_per_client, idle: tcp_idle };
+        serve_tcp(tcp, handler, limits, shutdown.clone(), tasks.clone()).await;
         tasks.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
         let _ = tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join()))).await;
@@ -165,15 +168,57 @@ fn serve_udp(socket: std::net::UdpSocket, handler: &Handler, shutdown: &Cancella
     }
 }
 
+/// Caps on DNS over TCP: connections in all, per source address (the idle timer
+/// restarts with every message, so one client could otherwise hold every slot), and
+/// the idle timeout.
+struct TcpLimits {
+    max: usize,
+    per_client: usize,
+    idle: Duration,
+}
+
+/// Open connections per source address; an entry leaves with its last connection.
+#[derive(Default)]
+struct PerClient(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+struct ClientSlot {
+    table: Arc<PerClient>,
+    ip: std::net::IpAddr,
+}
+
+impl PerClient {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<ClientSlot> {
+        let mut t = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = t.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot { table: self.clone(), ip })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut t = self.table.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = t.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                t.remove(&self.ip);
+            }
+        }
+    }
+}
+
 async fn serve_tcp(
     listener: TcpListener,
     handler: Handler,
-    max: usize,
-    idle: Duration,
+    limits: TcpLimits,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
-    let limit = Arc::new(Semaphore::new(max));
+    let limit = Arc::new(Semaphore::new(limits.max));
+    let per_client = Arc::new(PerClient::default());
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -183,18 +228,23 @@ async fn serve_tcp(
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
+        let Some(client_slot) = per_client.take(peer.ip(), limits.per_client) else {
             ::metrics::counter!(metrics::DNS_TCP_REFUSED).increment(1);
             continue; // dropped: closed at once
         };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            ::metrics::counter!(metrics::DNS_TCP_REFUSED).increment(1);
+            continue;
+        };
         let handler = handler.clone();
         let shutdown = shutdown.clone();
+        let idle = limits.idle;
         tasks.spawn(async move {
             tokio::select! {
                 _ = tcp_connection(stream, peer, &handler, idle) => {}
                 _ = shutdown.cancelled() => {}
             }
-            drop(permit);
+            drop((permit, client_slot));
         });
     }
 }

@@ -25,6 +25,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::auth::{self, AuthError};
 use crate::policy::DenyReason;
 use crate::proxy::bodies::{Counting, IdleBody};
+use crate::proxy::registry::{ENDED_HINT, Held, Revocable};
 use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
 use crate::reload::State;
 
@@ -70,8 +71,9 @@ pub async fn handle(
     };
     rec.target = format!("{}/{}", gh.web_host, git.full_name());
 
-    let identity = match identify(&state, &req, conn, entry) {
+    let identity = match crate::proxy::within_failure_budget(shared, conn, || identify(&state, &req, conn, entry)) {
         Ok(i) => i,
+        Err(e @ AuthError::TooManyFailures) => return finish(&mut rec, e.reason(), None, &e.to_string(), entry),
         Err(e) => return finish(&mut rec, e.reason(), None, crate::proxy::AUTH_HINT, entry),
     };
     rec.sandbox = Some(identity.sandbox.clone());
@@ -96,6 +98,7 @@ pub async fn handle(
     let (parts, body) = req.into_parts();
     let idle = gh.idle_timeout;
     let bytes_up = Arc::new(AtomicU64::new(0));
+    let mut refs: Vec<(String, bool)> = Vec::new();
     let body: ProxyBody = if git.service.is_write() && git.op == Op::Rpc {
         // Every value is checked (all are forwarded): git never compresses a push, and
         // a coding the gateway did not read would hide the command list it judged.
@@ -130,6 +133,7 @@ pub async fn handle(
                 };
                 return finish(&mut rec, DenyReason::GitRefDenied, None, &hint, entry);
             }
+            refs.push((u.refname.clone(), u.is_delete()));
         }
         let counted = Counting::new(Prefixed { head: Some(head), rest }, bytes_up.clone());
         IdleBody::new(counted, idle).boxed_unsync()
@@ -137,6 +141,8 @@ pub async fn handle(
         IdleBody::new(Counting::new(body, bytes_up.clone()), idle).boxed_unsync()
     };
 
+    let held = Held::Git { repo: git.full_name(), write, refs };
+    let registration = shared.tunnels.register(&identity, held, shared.hard_stop.child_token());
     let route = &shared.git;
     let perm = if write { Permission::Write } else { Permission::Read };
     let token = match route.credentials.token(&git.owner, &git.repo, perm).await {
@@ -168,9 +174,11 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = shared.config.proxy.response_header_timeout;
-    let resp = match crate::upstream_tls::send(&route.client, up, timeout, "GitHub").await {
-        Ok(r) => r,
-        Err((reason, detail)) => return finish(&mut rec, reason, None, &detail, entry),
+    let sent = registration.unless_ended(crate::upstream_tls::send(&route.client, up, timeout, "GitHub")).await;
+    let resp = match sent {
+        Some(Ok(r)) => r,
+        Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
+        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     if is_credential_refusal(resp.status()) {
@@ -183,7 +191,8 @@ pub async fn handle(
     for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
     }
-    let body = crate::proxy::logged_body::LoggedBody::new(IdleBody::new(body, idle), bytes_up, rec, permit);
+    let body = Revocable::new(IdleBody::new(body, idle), registration);
+    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
     Response::from_parts(parts, body.boxed_unsync())
 }
 

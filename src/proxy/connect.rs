@@ -11,6 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use super::registry::Held;
 use super::{ConnInfo, ProxyBody, Shared, reject, respond, tunnel};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr;
@@ -51,7 +52,7 @@ pub async fn handle(
     };
     rec.target = target.to_string();
 
-    let super::Authorized { identity: sandbox, subject, permit } =
+    let super::Authorized { identity: sandbox, permit } =
         match super::authorize(&mut rec, &state, &req, conn, shared, &target) {
             Ok(a) => a,
             Err(resp) => return *resp,
@@ -69,15 +70,14 @@ pub async fn handle(
 
     let on_upgrade = hyper::upgrade::on(req);
     let idle = shared.config.proxy.tunnel_idle_timeout;
-    let cancel = shared.hard_stop.child_token();
-    let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
-    let (sandbox_id, task_shared) = (sandbox.sandbox.clone(), shared.clone());
+    // Counted and registered from before the `200` is written, so a scrape or a reload
+    // right after it sees the tunnel.
+    let registration = shared.tunnels.register(&sandbox, Held::Host(target), shared.hard_stop.child_token());
     let slot = conn.slot.clone();
-    // Counted from before the `200` is written, so a scrape after it sees the tunnel.
     let active = crate::metrics::ActiveGuard::tunnel();
     shared.tasks.spawn(async move {
         let (_permit, _slot, _active) = (permit, slot, active);
-        let _registered = task_shared.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
+        let cancel = registration.token().clone();
         match on_upgrade.await {
             Ok(upgraded) => {
                 let out = relay(upgraded, upstream, idle, &cancel).await;

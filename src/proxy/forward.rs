@@ -17,6 +17,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
+use super::registry::Held;
 use super::{ConnInfo, ProxyBody, Shared, reject, tunnel, upstream};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
@@ -60,11 +61,12 @@ pub async fn handle(
     };
     rec.target = target.to_string();
 
-    let super::Authorized { identity: sandbox, subject, permit } =
+    let super::Authorized { identity: sandbox, permit } =
         match super::authorize(&mut rec, &state, &req, conn, shared, &target) {
             Ok(a) => a,
             Err(resp) => return *resp,
         };
+    let registration = shared.tunnels.register(&sandbox, Held::Host(target.clone()), shared.hard_stop.child_token());
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -75,7 +77,11 @@ pub async fn handle(
     let (up_req, bytes_up) = up_req;
 
     let timeout = shared.config.proxy.response_header_timeout;
-    let mut resp = match tokio::time::timeout(timeout, shared.client().request(up_req)).await {
+    let sent = registration.unless_ended(tokio::time::timeout(timeout, shared.client().request(up_req))).await;
+    let Some(sent) = sent else {
+        return reject(&mut rec, DenyReason::AuthInvalid, super::registry::ENDED_HINT);
+    };
+    let mut resp = match sent {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
             let (reason, detail) = match upstream::dial_error(&e) {
@@ -96,16 +102,12 @@ pub async fn handle(
     {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let idle = shared.config.proxy.tunnel_idle_timeout;
-        let cancel = shared.hard_stop.child_token();
-        let signed_policy = sandbox.signed.then(|| sandbox.policy.name().to_string());
-        let (sandbox_id, shared_for_task) = (sandbox.sandbox.clone(), shared.clone());
         let slot = conn.slot.clone();
         // Counted from before the `101` is written, so a scrape after it sees it.
         let active = crate::metrics::ActiveGuard::tunnel();
         shared.tasks.spawn(async move {
             let (_permit, _slot, _active) = (permit, slot, active);
-            let _registered =
-                shared_for_task.tunnels.register(&sandbox_id, signed_policy.as_deref(), subject, cancel.clone());
+            let cancel = registration.token().clone();
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
                 let out = tunnel::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel).await;
                 rec.bytes_up = out.up;
@@ -120,6 +122,7 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
+    let body = super::registry::Revocable::new(body, registration);
     let body = super::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
     Response::from_parts(parts, body.boxed_unsync())
 }

@@ -1,59 +1,115 @@
-//! Open tunnels, so that a reload can close those the new policies no longer allow:
-//! a revocation takes effect at once, not when the tunnel ends by itself.
+//! Every live connection the gateway carries for a sandbox (CONNECT tunnels, upgraded
+//! connections, forwarded exchanges, git and API-route streams), with the credential
+//! that authenticated it and what it was allowed to reach. A reload ends those the new
+//! state refuses (a revoked sandbox or `jti`, a rotated static token, a removed signing
+//! key, a narrowed policy); an expiry sweep ends those whose signed token has expired.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::dryrun::{self, Subject};
+use crate::addr::Target;
+use crate::auth::{Credential, Identity};
+use crate::policy::Policy;
 use crate::reload::State;
+
+/// What a connection was authorized to reach.
+#[derive(Debug, Clone)]
+pub enum Held {
+    /// A tunnel or forwarded exchange to a host and port.
+    Host(Target),
+    /// A git route exchange: the repository, whether it writes, and the refs a push
+    /// updates (`(ref, is_delete)`).
+    Git { repo: String, write: bool, refs: Vec<(String, bool)> },
+    /// An API route, by name.
+    Route(String),
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Held::Host(t) => write!(f, "{t}"),
+            Held::Git { repo, write: false, .. } => write!(f, "git {repo} (read)"),
+            Held::Git { repo, write: true, .. } => write!(f, "git {repo} (push)"),
+            Held::Route(name) => write!(f, "route:{name}"),
+        }
+    }
+}
 
 struct Entry {
     sandbox: String,
-    /// The policy a signed token named; None for sandboxes listed in policy files.
-    signed_policy: Option<String>,
-    subject: Subject,
+    /// The policy the credential named (a signed token's `pol`); static tokens take
+    /// their sandbox's policy from the state.
+    policy: String,
+    credential: Credential,
+    repos: Option<Vec<String>>,
+    held: Held,
     cancel: CancellationToken,
 }
+
+type Open = Mutex<HashMap<u64, Entry>>;
 
 #[derive(Default)]
 pub struct Registry {
     next: AtomicU64,
-    open: Mutex<HashMap<u64, Entry>>,
+    open: Arc<Open>,
 }
 
-/// Removes its tunnel from the registry when dropped.
-pub struct Registration<'a> {
-    registry: &'a Registry,
+/// Removes its connection from the registry when dropped; [`Registration::cancelled`]
+/// fires when a sweep ends it.
+pub struct Registration {
+    open: Arc<Open>,
     id: u64,
+    cancel: CancellationToken,
 }
 
-impl Drop for Registration<'_> {
+impl Drop for Registration {
     fn drop(&mut self) {
-        if let Ok(mut open) = self.registry.open.lock() {
+        if let Ok(mut open) = self.open.lock() {
             open.remove(&self.id);
         }
     }
 }
 
+impl Registration {
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Runs `fut` unless the connection is ended first (`None`).
+    pub async fn unless_ended<F: Future>(&self, fut: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => None,
+            r = fut => Some(r),
+        }
+    }
+}
+
+/// The hint of a request refused because a sweep ended it while it waited upstream.
+pub const ENDED_HINT: &str = "the connection was ended: its credential or policy no longer allows it";
+
 impl Registry {
-    /// Records an open tunnel; `cancel` closes it.
-    pub fn register(
-        &self,
-        sandbox: &str,
-        signed_policy: Option<&str>,
-        subject: Subject,
-        cancel: CancellationToken,
-    ) -> Registration<'_> {
+    /// Records a live connection authorized for `identity` to reach `held`; `cancel`
+    /// (a child of the shutdown token, say) is cancelled to end it.
+    pub fn register(&self, identity: &Identity, held: Held, cancel: CancellationToken) -> Registration {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let entry =
-            Entry { sandbox: sandbox.to_string(), signed_policy: signed_policy.map(str::to_string), subject, cancel };
+        let entry = Entry {
+            sandbox: identity.sandbox.clone(),
+            policy: identity.policy.name().to_string(),
+            credential: identity.credential.clone(),
+            repos: identity.repos.clone(),
+            held,
+            cancel: cancel.clone(),
+        };
         if let Ok(mut open) = self.open.lock() {
             open.insert(id, entry);
         }
-        Registration { registry: self, id }
+        Registration { open: self.open.clone(), id, cancel }
     }
 
     pub fn len(&self) -> usize {
@@ -64,25 +120,114 @@ impl Registry {
         self.len() == 0
     }
 
-    /// Closes every tunnel whose sandbox is gone or revoked, or whose target its policy
-    /// no longer allows under `state`. Returns how many were closed.
+    /// Ends every connection whose credential `state` refuses, or whose destination
+    /// its policy no longer allows. Returns how many were ended.
     pub fn close_disallowed(&self, state: &State) -> usize {
+        self.close_where(|e| {
+            let allowed = policy_for(state, e).is_some_and(|p| allows(p, &e.held, e.repos.as_deref()));
+            (!allowed).then_some("the new policies or credentials no longer allow it")
+        })
+    }
+
+    /// Ends every connection authenticated by a signed token that expired more than
+    /// `grace_secs` before `now` (unix seconds).
+    pub fn close_expired(&self, now: u64, grace_secs: u64) -> usize {
+        self.close_where(|e| match e.credential {
+            Credential::Signed { expires, .. } if expires.saturating_add(grace_secs) < now => {
+                Some("its signed token has expired")
+            }
+            _ => None,
+        })
+    }
+
+    fn close_where(&self, why: impl Fn(&Entry) -> Option<&'static str>) -> usize {
         let Ok(open) = self.open.lock() else { return 0 };
         let mut closed = 0;
         for e in open.values() {
-            let policy = match &e.signed_policy {
-                Some(name) if !state.tokens.is_revoked(&e.sandbox) => state.policies.policies.get(name),
-                Some(_) => None,
-                None if state.tokens.is_revoked(&e.sandbox) => None,
-                None => state.policies.sandbox(&e.sandbox).map(|s| &s.policy),
-            };
-            let allowed = policy.is_some_and(|p| dryrun::decide(p, &e.subject).permits());
-            if !allowed {
-                tracing::info!(sandbox = %e.sandbox, target = %e.subject, "closing tunnel the new policies no longer allow");
+            if e.cancel.is_cancelled() {
+                continue;
+            }
+            if let Some(reason) = why(e) {
+                tracing::info!(sandbox = %e.sandbox, target = %e.held, reason, "closing a connection");
                 e.cancel.cancel();
                 closed += 1;
             }
         }
         closed
+    }
+}
+
+/// The policy that governs `e` under `state`, if its credential is still good there.
+fn policy_for<'s>(state: &'s State, e: &Entry) -> Option<&'s Arc<Policy>> {
+    if state.tokens.is_revoked(&e.sandbox) {
+        return None;
+    }
+    match &e.credential {
+        Credential::Static { token_sha256 } => {
+            let sbx = state.policies.sandbox(&e.sandbox)?;
+            (sbx.token_sha256 == *token_sha256).then_some(&sbx.policy)
+        }
+        Credential::Signed { kid, key, jti, .. } => {
+            if state.tokens.key_fingerprint(kid) != Some(*key)
+                || jti.as_ref().is_some_and(|j| state.tokens.is_revoked(j))
+            {
+                return None;
+            }
+            state.policies.policies.get(&e.policy)
+        }
+    }
+}
+
+fn allows(policy: &Policy, held: &Held, repos: Option<&[String]>) -> bool {
+    match held {
+        Held::Host(t) => policy.decide(t).permits(),
+        Held::Git { repo, write, refs } => {
+            policy.decide_git(repo, *write, repos).permits()
+                && refs.iter().all(|(r, delete)| policy.decide_ref(r, *delete).permits())
+        }
+        Held::Route(name) => policy.routes().contains(name),
+    }
+}
+
+/// A body (or any stream) that ends with an error once its registration is cancelled:
+/// how forwarded responses, git and API-route streams are cut by a sweep.
+pub struct Revocable<B> {
+    inner: B,
+    /// Dropped with the body, which unregisters it.
+    _registration: Registration,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl<B> Revocable<B> {
+    pub fn new(inner: B, registration: Registration) -> Self {
+        let cancelled = Box::pin(registration.cancel.clone().cancelled_owned());
+        Revocable { inner, _registration: registration, cancelled }
+    }
+}
+
+impl<B> http_body::Body for Revocable<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<super::BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = super::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, super::BoxError>>> {
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err("connection ended: its credential or policy no longer allows it".into())));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -63,6 +63,9 @@ pub fn deny(reason: DenyReason, d: &Denial<'_>) -> Response<ProxyBody> {
     if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
         h.insert(PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
     }
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     resp
 }
 
@@ -83,6 +86,27 @@ pub fn over_capacity_bytes() -> Vec<u8> {
     );
     format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n{DENY_REASON_HEADER}: limit_exceeded\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The bytes written to a connection refused because its address already holds
+/// `proxy.max_unauthenticated_per_client` connections that have not authenticated.
+pub fn over_client_share_bytes() -> Vec<u8> {
+    let body = body_json(
+        DenyReason::LimitExceeded,
+        &Denial {
+            hint: Some(
+                "this address holds proxy.max_unauthenticated_per_client connections that have not \
+                 authenticated; send credentials on them, or retry later"
+                    .into(),
+            ),
+            ..Denial::default()
+        },
+    );
+    format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n{DENY_REASON_HEADER}: limit_exceeded\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()

@@ -181,6 +181,21 @@ fn client_options_on_listener(listener: &TcpListener, keepalive: Duration) -> bo
 async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut stream = stream;
     if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
+        let Some(pending) = shared.admission.admit(conn.peer.ip()) else {
+            tracing::debug!(client_addr = %conn.peer, "connection refused: its address holds its unauthenticated share");
+            ::metrics::counter!(crate::metrics::PROXY_CONNECTIONS_REFUSED).increment(1);
+            let generation = shared.store.snapshot().generation;
+            let mut rec =
+                AccessRecord::with_vpce(Kind::Unparsed, "", String::new(), conn.peer, generation, conn.vpce.clone());
+            rec.reason = Some(DenyReason::LimitExceeded.code());
+            rec.status = 429;
+            rec.emit();
+            let bytes = respond::over_client_share_bytes();
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&bytes)).await;
+            let _ = stream.shutdown().await;
+            return;
+        };
+        conn.pending = Some(Arc::new(pending));
         conn.slot = Some(Arc::new(slot));
         match &shared.tls {
             None => serve_connection(stream, conn, shared, shutdown).await,
@@ -224,7 +239,7 @@ async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Opt
 async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
     if cfg.proxy_protocol == ProxyProtocol::Off {
-        return Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None });
+        return Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None });
     }
     let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
     let reject = |why: &'static str| {
@@ -240,12 +255,18 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
         (Detect::V1 | Detect::V2, false, _) => reject("untrusted_header"),
         (Detect::V1 | Detect::V2, true, _) => {
             match proxy_protocol::read_header(stream, kind, cfg.header_read_timeout).await {
-                Ok(h) => Some(ConnInfo { peer: h.source.unwrap_or(peer), vpce: h.vpce, client_cn: None, slot: None }),
+                Ok(h) => Some(ConnInfo {
+                    peer: h.source.unwrap_or(peer),
+                    vpce: h.vpce,
+                    client_cn: None,
+                    slot: None,
+                    pending: None,
+                }),
                 Err(_) => reject("malformed_header"),
             }
         }
         (_, _, ProxyProtocol::Required) => reject("missing_header"),
-        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None }),
+        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None }),
     }
 }
 

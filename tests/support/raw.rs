@@ -10,6 +10,17 @@ pub fn connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// Connects from the loopback source address `from` (any of 127.0.0.0/8): how a test
+/// plays a second client address.
+pub fn connect_from(from: [u8; 4], addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(&SocketAddr::from((from, 0)).into())?;
+    sock.connect(&addr.into())?;
+    let s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(s)
+}
+
 /// Sends `request` and reads until the peer closes or the read times out.
 pub fn exchange(addr: SocketAddr, request: &[u8]) -> String {
     let mut s = connect(addr);

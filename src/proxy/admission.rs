@@ -1,0 +1,187 @@
+//! Fair shares per client address, before a connection has proved who it is: at most
+//! `proxy.max_unauthenticated_per_client` connections from one address may be open
+//! without having authenticated (so idle sockets from one address cannot take all of
+//! `proxy.max_connections`), and at most `proxy.auth_failures_per_second` failed
+//! authentications per address (beyond that the credential is not even checked:
+//! `429 limit_exceeded` with `Retry-After`).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Most addresses remembered for their failures; past this, addresses with nothing
+/// pending and a full bucket are forgotten first.
+const MAX_TRACKED: usize = 65_536;
+
+struct Client {
+    pending: usize,
+    /// Failed authentications that may still happen now (a token bucket of
+    /// `failures_per_second`, with a burst of the same size).
+    allowance: f64,
+    refilled: Instant,
+}
+
+pub struct Admission {
+    max_pending: usize,
+    failures_per_second: f64,
+    clients: Mutex<HashMap<IpAddr, Client>>,
+}
+
+/// A connection that has not authenticated yet; counts against its address until it
+/// does ([`Pending::authenticated`]) or closes.
+pub struct Pending {
+    admission: Arc<Admission>,
+    ip: IpAddr,
+    done: AtomicBool,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("ip", &self.ip).finish()
+    }
+}
+
+impl Pending {
+    /// The connection authenticated: it no longer counts as pending.
+    pub fn authenticated(&self) {
+        if !self.done.swap(true, Ordering::Relaxed) {
+            self.admission.release(self.ip);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.authenticated();
+    }
+}
+
+impl Admission {
+    /// `max_pending` 0 disables the per-address cap; `failures_per_second` 0 disables
+    /// the failure rate.
+    pub fn new(max_pending: usize, failures_per_second: u32) -> Admission {
+        Admission { max_pending, failures_per_second: f64::from(failures_per_second), clients: Mutex::default() }
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Client>> {
+        self.clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn fresh(&self) -> Client {
+        Client { pending: 0, allowance: self.failures_per_second, refilled: Instant::now() }
+    }
+
+    /// Admits one more unauthenticated connection from `ip`, or `None` when the
+    /// address already holds its share.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Pending> {
+        if self.max_pending > 0 {
+            let mut clients = self.clients();
+            if clients.len() >= MAX_TRACKED {
+                self.forget_idle(&mut clients);
+            }
+            let fresh = self.fresh();
+            let c = clients.entry(ip).or_insert(fresh);
+            if c.pending >= self.max_pending {
+                return None;
+            }
+            c.pending += 1;
+        }
+        Some(Pending { admission: self.clone(), ip, done: AtomicBool::new(self.max_pending == 0) })
+    }
+
+    fn release(&self, ip: IpAddr) {
+        let mut clients = self.clients();
+        if let Some(c) = clients.get_mut(&ip) {
+            c.pending = c.pending.saturating_sub(1);
+            if c.pending == 0 && c.allowance >= self.failures_per_second {
+                clients.remove(&ip);
+            }
+        }
+    }
+
+    /// True when `ip` may still have a credential checked (its failure budget is not
+    /// spent).
+    pub fn may_try(&self, ip: IpAddr) -> bool {
+        if self.failures_per_second == 0.0 {
+            return true;
+        }
+        let mut clients = self.clients();
+        match clients.get_mut(&ip) {
+            Some(c) => {
+                self.refill(c);
+                c.allowance >= 1.0
+            }
+            None => true,
+        }
+    }
+
+    /// Spends one failed authentication from `ip`'s budget.
+    pub fn failed(&self, ip: IpAddr) {
+        if self.failures_per_second == 0.0 {
+            return;
+        }
+        let mut clients = self.clients();
+        if clients.len() >= MAX_TRACKED && !clients.contains_key(&ip) {
+            self.forget_idle(&mut clients);
+        }
+        let fresh = self.fresh();
+        let c = clients.entry(ip).or_insert(fresh);
+        self.refill(c);
+        c.allowance = (c.allowance - 1.0).max(0.0);
+    }
+
+    fn refill(&self, c: &mut Client) {
+        let now = Instant::now();
+        let elapsed = now.duration_since(c.refilled).as_secs_f64();
+        c.allowance = (c.allowance + elapsed * self.failures_per_second).min(self.failures_per_second);
+        c.refilled = now;
+    }
+
+    fn forget_idle(&self, clients: &mut HashMap<IpAddr, Client>) {
+        let full = self.failures_per_second;
+        clients.retain(|_, c| {
+            let elapsed = c.refilled.elapsed().as_secs_f64();
+            c.pending > 0 || c.allowance + elapsed * full < full
+        });
+        if clients.len() >= MAX_TRACKED {
+            clients.retain(|_, c| c.pending > 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_holds_at_most_its_share_until_it_authenticates() {
+        let a = Arc::new(Admission::new(2, 0));
+        let ip: IpAddr = [10, 0, 0, 1].into();
+        let other: IpAddr = [10, 0, 0, 2].into();
+        let first = a.admit(ip).unwrap_or_else(|| unreachable!());
+        let second = a.admit(ip).unwrap_or_else(|| unreachable!());
+        assert!(a.admit(ip).is_none(), "a third pending connection from one address");
+        assert!(a.admit(other).is_some(), "another address is not affected");
+        first.authenticated();
+        let third = a.admit(ip);
+        assert!(third.is_some(), "an authenticated connection frees its place");
+        drop(second);
+        drop(third);
+        drop(first);
+        assert!(a.clients().is_empty(), "nothing is remembered once all closed");
+    }
+
+    #[test]
+    fn failures_are_rated_per_address() {
+        let a = Admission::new(0, 3);
+        let ip: IpAddr = [10, 0, 0, 1].into();
+        for _ in 0..3 {
+            assert!(a.may_try(ip));
+            a.failed(ip);
+        }
+        assert!(!a.may_try(ip), "the fourth failure within a second is not checked");
+        assert!(a.may_try([10, 0, 0, 2].into()));
+    }
+}
