@@ -4,5 +4,6 @@
 
 pub mod credentials;
 pub mod pktline;
+pub mod refusal;
 pub mod route;
 pub mod upstream;

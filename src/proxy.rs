@@ -307,6 +307,7 @@ pub fn deny_route(
         resp.headers_mut().remove(PROXY_AUTHENTICATE);
         resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
     }
+    respond::rephrase(&mut resp, reason, Some(hint));
     let rule = rec.rule.clone();
     finish(rec, reason, rule, resp)
 }
@@ -348,6 +349,16 @@ fn deny_by_policy(
         },
     );
     let rule = rule.map(|r| r.text.clone());
+    finish(rec, reason, rule, resp)
+}
+
+/// Records a refusal answered in a route's own terms (git's smart-HTTP refusals).
+pub fn record_denial(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    rule: Option<String>,
+    resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
     finish(rec, reason, rule, resp)
 }
 

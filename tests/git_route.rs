@@ -220,7 +220,13 @@ fn absolute_form_through_the_proxy() {
     let out =
         git(work.path(), &["-c", &format!("http.proxy={proxy}"), "clone", "http://github.test/other/secret.git", "s"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "fatal: remote error: repository other/secret is not connected to this sandbox (repo_not_connected)"
+        ),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -229,7 +235,13 @@ fn unconnected_repositories_and_other_sandboxes_are_refused() {
     let work = tempfile::tempdir().unwrap();
     let out = w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/other/secret.git"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+    // git prints the reason, and how to change the policy.
+    let err = stderr(&out);
+    assert!(err.contains("remote error: repository other/secret is not connected to this sandbox"), "{err}");
+    assert!(
+        err.contains("(repo_not_connected); to connect it, add \"other/secret\" to policies.agents.git.repos"),
+        "{err}"
+    );
     let rec =
         w.gw.wait_for_log(Duration::from_secs(5), |v| v["log"] == "access" && v["reason"] == "repo_not_connected");
     assert_eq!(rec["target"], "github.test/other/secret");
@@ -258,11 +270,24 @@ fn pushes_are_limited_to_allowed_refs() {
 
     let out = w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", "HEAD:refs/heads/main"]);
     assert!(!out.status.success(), "main is not an agent ref");
+    // As a forge reports a protected branch: per ref, with the reason.
+    let err = stderr(&out);
+    assert!(
+        err.contains("! [remote rejected] HEAD -> main (git_ref_denied: refs/heads/main is not in git.push"),
+        "{err}"
+    );
     let out2 =
         w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", "HEAD:refs/heads/agent/ok", "HEAD:refs/heads/main"]);
     assert!(!out2.status.success(), "one bad ref refuses the whole push");
+    let err = stderr(&out2);
+    assert!(err.contains("HEAD -> agent/ok (not pushed: another ref in this push was refused)"), "{err}");
     let out3 = w.git_via(&clone, "sbx-a", TOKEN_A, &["push", "origin", ":refs/heads/agent/old"]);
     assert!(!out3.status.success(), "deletions need allow_delete");
+    assert!(
+        stderr(&out3).contains("deleting refs/heads/agent/old is not allowed (git.allow_delete)"),
+        "{}",
+        stderr(&out3)
+    );
     let refs = ok(git(&w.repo_path("acme", "widgets"), &["for-each-ref", "--format=%(refname)"]));
     assert!(!refs.contains("refs/heads/agent/ok") && refs.contains("refs/heads/agent/old"), "{refs}");
     let denials: Vec<_> = w.gw.wait_for_access(3, |v| v["reason"] == "git_ref_denied");
@@ -446,6 +471,6 @@ fn report_mode_never_lends_the_gateways_credential() {
         w.github.recorded().iter().all(|r| r.uri.contains("acme/widgets") && !r.uri.contains("git-receive-pack")),
         "only the connected repository's reads reached GitHub"
     );
-    let refused = w.gw.wait_for_access(3, |v| v["kind"] == "git" && v["status"] == 403);
+    let refused = w.gw.wait_for_access(3, |v| v["kind"] == "git" && v["reason"].is_string());
     assert!(refused.iter().all(|v| v["decision"] == "deny"), "logged as deny, not would_deny: {refused:?}");
 }

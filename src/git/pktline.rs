@@ -55,6 +55,9 @@ pub struct CommandReader {
     lines: usize,
     /// Payload bytes parsed, for tests of the once-only property.
     examined: usize,
+    /// The capabilities the client listed after the first command (`report-status`,
+    /// `side-band-64k`, ...).
+    capabilities: Vec<String>,
 }
 
 impl CommandReader {
@@ -78,8 +81,15 @@ impl CommandReader {
             if self.lines > MAX_COMMANDS {
                 return Err(PktError::TooMany);
             }
-            let line = payload.split(|b| *b == 0).next().unwrap_or(&[]);
+            let mut parts = payload.splitn(2, |b| *b == 0);
+            let line = parts.next().unwrap_or(&[]);
             let line = std::str::from_utf8(line).map_err(|_| PktError::Malformed)?.trim_end_matches('\n');
+            if self.updates.is_empty()
+                && let Some(caps) = parts.next()
+            {
+                self.capabilities =
+                    String::from_utf8_lossy(caps).split_ascii_whitespace().map(str::to_string).collect();
+            }
             // `shallow OID` lines may precede the commands.
             if !line.starts_with("shallow ") {
                 self.updates.push(parse_update(line)?);
@@ -90,6 +100,15 @@ impl CommandReader {
 
     pub fn into_updates(self) -> Vec<RefUpdate> {
         self.updates
+    }
+
+    pub fn updates(&self) -> &[RefUpdate] {
+        &self.updates
+    }
+
+    /// True when the client listed capability `name` with its first command.
+    pub fn has_capability(&self, name: &str) -> bool {
+        self.capabilities.iter().any(|c| c == name)
     }
 }
 
@@ -122,6 +141,10 @@ mod tests {
         body.push_str("0000PACK....");
         let (u, end) = parse_commands(body.as_bytes()).unwrap();
         assert_eq!(u.len(), 2);
+        let mut reader = CommandReader::default();
+        assert_eq!(reader.advance(body.as_bytes()), Ok(Some(end)));
+        assert!(reader.has_capability("side-band-64k") && reader.has_capability("report-status"));
+        assert!(!reader.has_capability("atomic"));
         assert_eq!(u[0].refname, "refs/heads/agent/x");
         assert!(!u[0].is_delete());
         assert!(u[1].is_delete());

@@ -20,6 +20,7 @@ use hyper::body::Incoming;
 
 use super::credentials::{Permission, is_credential_refusal};
 use super::pktline;
+use super::refusal;
 use super::route::{self, Op, RouteError};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::auth::{self, AuthError};
@@ -86,7 +87,21 @@ pub async fn handle(
     {
         let subject = crate::dryrun::Subject::Git { repo: git.full_name(), push: None };
         let hint = crate::dryrun::hint(&identity.policy, reason, &subject, &decision).unwrap_or_default();
-        return finish(&mut rec, reason, None, &hint, entry);
+        let what = match reason {
+            DenyReason::GitWriteDenied => format!("pushing to {} is not allowed for this sandbox", git.full_name()),
+            _ => format!("repository {} is not connected to this sandbox", git.full_name()),
+        };
+        let message = format!("{what} ({}); {hint}", reason.code());
+        let body = match git.op {
+            Op::InfoRefs => refusal::advertisement_error(git.service, &message),
+            Op::Rpc => refusal::rpc_error(&message),
+        };
+        let content_type = match git.op {
+            Op::InfoRefs => refusal::advertisement_type(git.service),
+            Op::Rpc => refusal::result_type(git.service),
+        };
+        drain(req.into_body(), gh.idle_timeout).await;
+        return in_git_terms(&mut rec, reason, &hint, &content_type, body);
     }
     rec.decision = decision.label();
 
@@ -110,30 +125,41 @@ pub async fn handle(
         {
             return finish(&mut rec, DenyReason::BadRequest, None, "compressed push bodies are not supported", entry);
         }
-        let (head, rest) = match read_commands(body, idle).await {
+        let (head, rest, commands) = match read_commands(body, idle).await {
             Ok(x) => x,
             Err(msg) => return finish(&mut rec, DenyReason::BadRequest, None, &msg, entry),
         };
-        let (updates, _) = match pktline::parse_commands(&head) {
-            Ok(x) => x,
-            Err(e) => return finish(&mut rec, DenyReason::BadRequest, None, &format!("push command list: {e}"), entry),
-        };
-        for u in &updates {
+        // Every ref is judged; one refused ref refuses the whole push, and each refused
+        // ref is named in the report git prints.
+        let mut verdicts: Vec<(String, Option<String>)> = Vec::with_capacity(commands.updates().len());
+        let mut first_refusal: Option<(String, String)> = None;
+        for u in commands.updates() {
             let d = identity.policy.decide_ref(&u.refname, u.is_delete());
-            if !d.permits() {
-                rec.rule = Some(u.refname.clone());
-                let hint = if u.is_delete() && !identity.policy.allows_ref_deletion() {
-                    format!("deleting {} is not allowed (git.allow_delete)", u.refname)
-                } else {
-                    format!(
-                        "pushing to {} is not allowed; add it to policies.{}.git.push",
-                        u.refname,
-                        identity.policy.name()
-                    )
-                };
-                return finish(&mut rec, DenyReason::GitRefDenied, None, &hint, entry);
+            if d.permits() {
+                verdicts.push((u.refname.clone(), None));
+                refs.push((u.refname.clone(), u.is_delete()));
+                continue;
             }
-            refs.push((u.refname.clone(), u.is_delete()));
+            let hint = if u.is_delete() && !identity.policy.allows_ref_deletion() {
+                format!("deleting {} is not allowed (git.allow_delete)", u.refname)
+            } else {
+                format!("{} is not in git.push; add it to policies.{}.git.push", u.refname, identity.policy.name())
+            };
+            verdicts.push((u.refname.clone(), Some(format!("{}: {hint}", DenyReason::GitRefDenied.code()))));
+            first_refusal.get_or_insert((u.refname.clone(), hint));
+        }
+        if let Some((refname, hint)) = first_refusal {
+            rec.rule = Some(refname);
+            drain(rest, idle).await;
+            let (body, content_type) =
+                if commands.has_capability("report-status") || commands.has_capability("report-status-v2") {
+                    let sideband = commands.has_capability("side-band-64k") || commands.has_capability("side-band");
+                    (refusal::report_status(&verdicts, sideband), refusal::result_type(git.service))
+                } else {
+                    let message = format!("{}: {hint}", DenyReason::GitRefDenied.code());
+                    (refusal::rpc_error(&message), refusal::result_type(git.service))
+                };
+            return in_git_terms(&mut rec, DenyReason::GitRefDenied, &hint, &content_type, body);
         }
         let counted = Counting::new(Prefixed { head: Some(head), rest }, bytes_up.clone());
         IdleBody::new(counted, idle).boxed_unsync()
@@ -233,15 +259,18 @@ fn copy_git_headers(from: &HeaderMap, to: &mut HeaderMap) {
 }
 
 /// Reads the push command list (through its flush packet) off the front of `body`,
-/// bounded; returns it and the rest of the body, unread.
-async fn read_commands(mut body: Incoming, idle: Duration) -> Result<(Bytes, Incoming), String> {
+/// bounded; returns it, the rest of the body unread, and the parsed commands.
+async fn read_commands(
+    mut body: Incoming,
+    idle: Duration,
+) -> Result<(Bytes, Incoming, pktline::CommandReader), String> {
     let mut head = BytesMut::new();
     let mut reader = pktline::CommandReader::default();
     loop {
         // Resumes where the last frame's bytes ended: each byte is parsed once.
         match reader.advance(&head) {
             // The bytes after the command list stay with the head: they are sent first.
-            Ok(Some(_)) => return Ok((head.freeze(), body)),
+            Ok(Some(_)) => return Ok((head.freeze(), body, reader)),
             Ok(None) => {}
             Err(e) => return Err(format!("push command list: {e}")),
         }
@@ -259,6 +288,48 @@ async fn read_commands(mut body: Incoming, idle: Duration) -> Result<(Bytes, Inc
             Err(_) => return Err("push body stalled".into()),
         }
     }
+}
+
+/// Most bytes of a refused request's body read and discarded, so that the client,
+/// still sending, reads the refusal instead of a reset connection.
+const MAX_DRAIN_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Reads and discards the rest of a refused request's body (bounded, with the idle
+/// timeout); nothing of it goes anywhere.
+async fn drain(mut body: Incoming, idle: Duration) {
+    let mut seen = 0u64;
+    while seen < MAX_DRAIN_BYTES {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(Ok(frame))) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
+            _ => return,
+        }
+    }
+}
+
+/// Records a git refusal and answers it as git understands it: `200` with a
+/// smart-HTTP body (an `ERR` line or a report-status) that git prints, and the deny
+/// reason in `X-Egress-Deny-Reason` and `Proxy-Status` as everywhere else.
+fn in_git_terms(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    hint: &str,
+    content_type: &str,
+    body: Bytes,
+) -> Response<ProxyBody> {
+    let mut resp = Response::new(crate::proxy::respond::full(body));
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        h.insert(header::CONTENT_TYPE, v);
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(crate::proxy::respond::DENY_REASON_HEADER, HeaderValue::from_static(reason.code()));
+    let explanation = crate::proxy::respond::explain(reason, Some(hint));
+    if let Ok(v) = HeaderValue::from_str(&format!("egress-gateway; error=http_request_denied; details={explanation:?}"))
+    {
+        h.insert(crate::proxy::respond::PROXY_STATUS, v);
+    }
+    let rule = rec.rule.clone();
+    crate::proxy::record_denial(rec, reason, rule, resp)
 }
 
 /// `head`, then the rest of the body.

@@ -39,8 +39,10 @@ pub async fn handle(
         reject(rec, DenyReason::BadRequest, hint)
     };
 
-    if req.version() != Version::HTTP_11 {
-        return refuse(&mut rec, "CONNECT requires HTTP/1.1");
+    // HTTP/1.0 CONNECT (Python's http.client, so pip, requests and urllib, with or
+    // without Host) is accepted like 1.1: the target is in the request line either way.
+    if req.version() != Version::HTTP_11 && req.version() != Version::HTTP_10 {
+        return refuse(&mut rec, "CONNECT requires HTTP/1.0 or HTTP/1.1");
     }
     let authority = match (uri.scheme(), uri.path_and_query(), uri.authority()) {
         (None, None, Some(a)) => a.as_str(),

@@ -57,9 +57,16 @@ pub fn deny(reason: DenyReason, d: &Denial<'_>) -> Response<ProxyBody> {
     let status = status_for(reason);
     let mut resp = Response::new(full(body_json(reason, d)));
     *resp.status_mut() = status;
+    // Most clients show the status line of a refused CONNECT, not its body: the reason
+    // travels in the reason phrase too, and in Proxy-Status (RFC 9209).
+    let explanation = explain(reason, d.hint.as_deref());
+    rephrase(&mut resp, reason, d.hint.as_deref());
     let h = resp.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h.insert(DENY_REASON_HEADER, HeaderValue::from_static(reason.code()));
+    if let Ok(v) = HeaderValue::from_str(&proxy_status(reason, &explanation)) {
+        h.insert(PROXY_STATUS, v);
+    }
     if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
         h.insert(PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
     }
@@ -67,6 +74,54 @@ pub fn deny(reason: DenyReason, d: &Denial<'_>) -> Response<ProxyBody> {
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     resp
+}
+
+pub const PROXY_STATUS: &str = "proxy-status";
+
+/// Sets the reason phrase of a denial for its (final) status: the canonical phrase,
+/// then the explanation in parentheses.
+pub fn rephrase<B>(resp: &mut Response<B>, reason: DenyReason, hint: Option<&str>) {
+    let canonical = resp.status().canonical_reason().unwrap_or("Refused");
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(format!("{canonical} ({})", explain(reason, hint))) {
+        resp.extensions_mut().insert(phrase);
+    }
+}
+
+/// Longest hint carried in the status line and `Proxy-Status`.
+const MAX_HINT: usize = 240;
+
+/// `code: message; hint`, in visible ASCII and bounded: what a client that shows only
+/// the status line shows.
+pub fn explain(reason: DenyReason, hint: Option<&str>) -> String {
+    let mut out = format!("{}: {}", reason.code(), reason.message());
+    if let Some(hint) = hint.filter(|h| !h.is_empty()) {
+        out.push_str("; ");
+        out.extend(hint.chars().take(MAX_HINT).map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }));
+    }
+    out
+}
+
+/// The RFC 9209 `Proxy-Status` value: the proxy's name, the error type that fits the
+/// reason, and the explanation as details.
+fn proxy_status(reason: DenyReason, explanation: &str) -> String {
+    let error = match reason {
+        DenyReason::AddressDenied => "destination_ip_prohibited",
+        DenyReason::ResolveFailed => "dns_error",
+        DenyReason::UpstreamUnreachable => "destination_unavailable",
+        DenyReason::UpstreamTimeout => "connection_timeout",
+        DenyReason::BadRequest => "http_request_error",
+        DenyReason::RequestTooLarge => "http_request_error",
+        DenyReason::UpstreamEncoding => "http_response_content_coding_error",
+        _ => "http_request_denied",
+    };
+    let details: String = explanation
+        .chars()
+        .flat_map(|c| match c {
+            '"' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect();
+    format!("egress-gateway; error={error}; details=\"{details}\"")
 }
 
 pub fn full(s: impl Into<Bytes>) -> ProxyBody {

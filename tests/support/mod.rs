@@ -8,6 +8,7 @@ pub mod gateway;
 pub mod github_api;
 pub mod origin;
 pub mod raw;
+pub mod static_https;
 pub mod tls;
 
 pub use gateway::{TestGateway, basic};

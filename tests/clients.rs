@@ -1,0 +1,390 @@
+//! The client matrix: real clients, configured only the way their users configure a
+//! proxy (`HTTPS_PROXY`, `--proxy`, a config option), through the real gateway to a
+//! real local HTTPS server (Python's `http.server` with the test CA). For each: an
+//! allowed fetch succeeds, and a denied one fails with the reason visible to that
+//! client where it shows one (the status line's reason phrase carries it; the README's
+//! client table says what each shows).
+//!
+//! The clients come from `.ci/run` (Debian, PyPI, npm). A missing client fails its test
+//! with what to install: a test that passes without its client would prove nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use support::static_https::StaticServer;
+use support::tls::TestCa;
+use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, standard_policy};
+
+/// What the origin serves at /hello.txt.
+const HELLO: &str = "hello from the origin";
+
+struct World {
+    gw: TestGateway,
+    ca: TestCa,
+    server: StaticServer,
+    root: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> World {
+        let ca = TestCa::new(&["tls.test", "b-only.test", "blocked.origin.test"]);
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("hello.txt"), format!("{HELLO}\n")).unwrap();
+        python_index(root.path());
+        let server = StaticServer::https(root.path(), &ca);
+        let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+        World { gw, ca, server, root }
+    }
+
+    fn proxy(&self) -> String {
+        self.gw.proxy_url("sbx-a", TOKEN_A)
+    }
+
+    /// An allowed URL (tls.test is in policy a) and a denied one (b-only.test is not).
+    fn allowed(&self, path: &str) -> String {
+        format!("https://tls.test:{}{path}", self.server.port)
+    }
+
+    fn denied(&self, path: &str) -> String {
+        format!("https://b-only.test:{}{path}", self.server.port)
+    }
+
+    fn ca(&self) -> &str {
+        self.ca.ca_pem_path.to_str().unwrap()
+    }
+
+    /// A command with the proxy in the environment, as a sandbox would set it, and no
+    /// other proxy settings.
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        // The machine's own trust and package settings (CA bundles, pip's find-links)
+        // would override what each test sets.
+        for k in [
+            "http_proxy",
+            "https_proxy",
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "no_proxy",
+            "NO_PROXY",
+            "ALL_PROXY",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
+            "PIP_CERT",
+            "PIP_FIND_LINKS",
+            "PIP_INDEX_URL",
+            "PIP_EXTRA_INDEX_URL",
+            "GIT_SSL_CAINFO",
+            "NODE_EXTRA_CA_CERTS",
+        ] {
+            c.env_remove(k);
+        }
+        c.env("PIP_CONFIG_FILE", "/dev/null");
+        c.env("HTTPS_PROXY", self.proxy()).env("https_proxy", self.proxy());
+        c
+    }
+}
+
+fn run(mut c: Command, what: &str) -> Output {
+    match c.output() {
+        Ok(o) => o,
+        Err(e) => panic!("{what} is not installed ({e}); .ci/run installs it"),
+    }
+}
+
+fn both(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The reason a denied request must show: the code and the explanation.
+fn assert_reason_visible(out: &str, client: &str) {
+    assert!(out.contains("host_not_allowed"), "{client} does not show the reason:\n{out}");
+}
+
+/// A PEP 503 simple index with one tiny wheel, `six` 1.16.0, built here.
+fn python_index(root: &Path) {
+    std::fs::create_dir_all(root.join("simple/six")).unwrap();
+    std::fs::create_dir_all(root.join("files")).unwrap();
+    let wheel = "six-1.16.0-py2.py3-none-any.whl";
+    let script = r#"
+import sys, zipfile, hashlib, base64
+path = sys.argv[1]
+files = {
+    "six.py": b"__version__ = '1.16.0'\n",
+    "six-1.16.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: six\nVersion: 1.16.0\n",
+    "six-1.16.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py2-none-any\nTag: py3-none-any\n",
+}
+record = ""
+for name, data in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record += f"{name},sha256={digest},{len(data)}\n"
+record += "six-1.16.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(path, "w") as z:
+    for name, data in files.items():
+        z.writestr(name, data)
+    z.writestr("six-1.16.0.dist-info/RECORD", record)
+print(hashlib.sha256(open(path, "rb").read()).hexdigest())
+"#;
+    let out = Command::new("python3").args(["-c", script]).arg(root.join("files").join(wheel)).output().unwrap();
+    assert!(out.status.success(), "{}", both(&out));
+    let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    std::fs::write(
+        root.join("simple/six/index.html"),
+        format!("<!DOCTYPE html><html><body><a href=\"../../files/{wheel}#sha256={sha}\">{wheel}</a></body></html>\n"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn curl_fetches_and_shows_the_reason_with_verbose() {
+    let w = World::new();
+    let mut c = w.command("curl");
+    c.args(["-sS", "--cacert", w.ca(), &w.allowed("/hello.txt")]);
+    let out = run(c, "curl");
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let mut c = w.command("curl");
+    c.args(["-sS", "-v", "--cacert", w.ca(), &w.denied("/hello.txt")]);
+    let out = run(c, "curl");
+    assert!(!out.status.success());
+    let text = both(&out);
+    assert!(text.contains("CONNECT tunnel failed, response 403"), "{text}");
+    assert_reason_visible(&text, "curl -v");
+}
+
+#[test]
+fn wget_fetches_and_shows_the_reason() {
+    let w = World::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = w.command("wget");
+    c.current_dir(dir.path()).args(["-q", "-O", "-", "--ca-certificate", w.ca(), &w.allowed("/hello.txt")]);
+    let out = run(c, "wget");
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let mut c = w.command("wget");
+    c.current_dir(dir.path()).args(["-O", "-", "--ca-certificate", w.ca(), &w.denied("/hello.txt")]);
+    let out = run(c, "wget");
+    assert!(!out.status.success());
+    assert_reason_visible(&both(&out), "wget");
+}
+
+/// pip, requests and urllib all go through http.client, which sends
+/// `CONNECT host:443 HTTP/1.0` without a Host header.
+#[test]
+fn python_urllib_fetches_and_shows_the_reason() {
+    let w = World::new();
+    let script = r#"
+import ssl, sys, urllib.request
+ctx = ssl.create_default_context(cafile=sys.argv[1])
+try:
+    print(urllib.request.urlopen(sys.argv[2], context=ctx, timeout=20).read().decode())
+except Exception as e:
+    print("ERROR", e)
+    sys.exit(1)
+"#;
+    let mut c = w.command("python3");
+    c.args(["-c", script, w.ca(), &w.allowed("/hello.txt")]);
+    let out = run(c, "python3");
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let mut c = w.command("python3");
+    c.args(["-c", script, w.ca(), &w.denied("/hello.txt")]);
+    let out = run(c, "python3");
+    assert!(!out.status.success());
+    let text = both(&out);
+    assert!(text.contains("Tunnel connection failed: 403"), "{text}");
+    assert_reason_visible(&text, "urllib");
+}
+
+#[test]
+fn python_requests_fetches_and_shows_the_reason() {
+    let w = World::new();
+    let script = r#"
+import sys, requests
+try:
+    r = requests.get(sys.argv[2], verify=sys.argv[1], timeout=20)
+    print(r.status_code, r.text)
+except Exception as e:
+    print("ERROR", e)
+    sys.exit(1)
+"#;
+    let mut c = w.command("python3");
+    c.args(["-c", script, w.ca(), &w.allowed("/hello.txt")]);
+    let out = run(c, "python3 with requests (pip install requests)");
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let mut c = w.command("python3");
+    c.args(["-c", script, w.ca(), &w.denied("/hello.txt")]);
+    let out = run(c, "python3 with requests");
+    assert!(!out.status.success());
+    assert_reason_visible(&both(&out), "requests");
+}
+
+#[test]
+fn pip_downloads_from_an_index_and_shows_the_reason() {
+    let w = World::new();
+    let dest = tempfile::tempdir().unwrap();
+    let pip_with = |index: String, retries: &str| {
+        let mut c = w.command("python3");
+        c.args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--retries",
+            retries,
+        ])
+        .args(["--timeout", "20", "--cert", w.ca(), "--index-url", &index, "-d"])
+        .arg(dest.path())
+        .arg("six==1.16.0");
+        run(c, "pip")
+    };
+    let pip = |index: String| pip_with(index, "0");
+    let pip_retrying = |index: String| pip_with(index, "1");
+    let out = pip(w.allowed("/simple/"));
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(dest.path().join("six-1.16.0-py2.py3-none-any.whl").exists());
+    // pip shows why a fetch failed in its retry warning.
+    let out = pip_retrying(w.denied("/simple/"));
+    assert!(!out.status.success());
+    assert_reason_visible(&both(&out), "pip");
+}
+
+#[test]
+fn git_clones_over_https_and_reports_the_refusal() {
+    let w = World::new();
+    // A bare repository served by the static server ("dumb" HTTP is enough to clone).
+    let repo = w.root.path().join("repo.git");
+    let work = tempfile::tempdir().unwrap();
+    let git = |dir: &Path, args: &[&str]| {
+        let mut c = w.command("git");
+        c.current_dir(dir).args(["-c", "init.defaultBranch=main", "-c", "user.name=t", "-c", "user.email=t@t"]);
+        c.args(args).env("GIT_TERMINAL_PROMPT", "0").env("GIT_SSL_CAINFO", w.ca());
+        run(c, "git")
+    };
+    let seed = work.path().join("seed");
+    std::fs::create_dir(&seed).unwrap();
+    assert!(git(&seed, &["init", "-q"]).status.success());
+    std::fs::write(seed.join("README"), "x\n").unwrap();
+    assert!(git(&seed, &["add", "README"]).status.success());
+    assert!(git(&seed, &["commit", "-qm", "seed"]).status.success());
+    assert!(
+        git(work.path(), &["clone", "-q", "--bare", seed.to_str().unwrap(), repo.to_str().unwrap()]).status.success()
+    );
+    assert!(git(&repo, &["update-server-info"]).status.success());
+    let out = git(work.path(), &["clone", "-q", &w.allowed("/repo.git"), "ok"]);
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(work.path().join("ok/README").exists());
+    let out = git(work.path(), &["clone", "-q", &w.denied("/repo.git"), "no"]);
+    assert!(!out.status.success());
+    // git (libcurl) shows the status of a refused CONNECT, not its reason phrase.
+    assert!(both(&out).contains("403"), "{}", both(&out));
+}
+
+#[test]
+fn java_httpclient_fetches_and_shows_the_status() {
+    let w = World::new();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("Fetch.java");
+    std::fs::write(&src, JAVA_FETCH).unwrap();
+    let port = w.gw.addr.port().to_string();
+    let java = |url: String| {
+        let mut c = w.command("java");
+        c.arg("-Djdk.http.auth.tunneling.disabledSchemes=").arg(&src).args([
+            "127.0.0.1",
+            &port,
+            "sbx-a",
+            TOKEN_A,
+            w.ca(),
+            &url,
+        ]);
+        run(c, "java (JDK 11 or later)")
+    };
+    let out = java(w.allowed("/hello.txt"));
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let out = java(w.denied("/hello.txt"));
+    assert!(!out.status.success());
+    assert!(both(&out).contains("403"), "{}", both(&out));
+}
+
+/// Java's HttpClient through an authenticating proxy, trusting a PEM CA: what a Java
+/// user writes (Basic for tunnels must be re-enabled with a system property).
+const JAVA_FETCH: &str = r#"
+import java.net.*;
+import java.net.http.*;
+import java.io.*;
+import java.security.KeyStore;
+import java.security.cert.*;
+import javax.net.ssl.*;
+
+public class Fetch {
+    public static void main(String[] a) throws Exception {
+        KeyStore ks = KeyStore.getInstance(KeyStore.getDefaultType());
+        ks.load(null, null);
+        try (InputStream in = new FileInputStream(a[4])) {
+            ks.setCertificateEntry("ca", CertificateFactory.getInstance("X.509").generateCertificate(in));
+        }
+        TrustManagerFactory tmf = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+        tmf.init(ks);
+        SSLContext ssl = SSLContext.getInstance("TLS");
+        ssl.init(null, tmf.getTrustManagers(), null);
+        HttpClient client = HttpClient.newBuilder()
+            .proxy(ProxySelector.of(new InetSocketAddress(a[0], Integer.parseInt(a[1]))))
+            .authenticator(new Authenticator() {
+                protected PasswordAuthentication getPasswordAuthentication() {
+                    return new PasswordAuthentication(a[2], a[3].toCharArray());
+                }
+            })
+            .sslContext(ssl)
+            .build();
+        try {
+            HttpResponse<String> r = client.send(HttpRequest.newBuilder(URI.create(a[5])).build(),
+                HttpResponse.BodyHandlers.ofString());
+            System.out.println(r.statusCode() + " " + r.body());
+        } catch (IOException e) {
+            System.out.println("ERROR " + e);
+            System.exit(1);
+        }
+    }
+}
+"#;
+
+#[test]
+fn node_undici_proxy_agent_fetches_and_shows_the_status() {
+    let w = World::new();
+    let modules = node_modules();
+    let script = r#"
+const { ProxyAgent, fetch } = require('undici');
+const ca = require('fs').readFileSync(process.env.CA_FILE);
+const agent = new ProxyAgent({ uri: process.env.PROXY_URI, requestTls: { ca } });
+fetch(process.env.TARGET_URL, { dispatcher: agent })
+  .then(async r => { console.log(r.status, await r.text()); process.exit(r.ok ? 0 : 1); })
+  .catch(e => { console.log('ERROR', e.message, e.cause); process.exit(1); });
+"#;
+    let node = |url: String| {
+        let mut c = w.command("node");
+        c.env("NODE_PATH", &modules)
+            .env("PROXY_URI", w.proxy())
+            .env("CA_FILE", w.ca())
+            .env("TARGET_URL", &url)
+            .args(["-e", script]);
+        run(c, "node")
+    };
+    let out = node(w.allowed("/hello.txt"));
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}\n{}", both(&out), w.gw.log_text());
+    let out = node(w.denied("/hello.txt"));
+    assert!(!out.status.success());
+    assert!(both(&out).contains("403"), "{}", both(&out));
+}
+
+/// Where `.ci/run` installs the npm packages the matrix uses (`undici`).
+fn node_modules() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/node_modules");
+    assert!(
+        dir.join("undici").is_dir(),
+        "undici is not installed: run `npm install --prefix tests/clients` (.ci/run does)"
+    );
+    dir
+}
