@@ -161,25 +161,84 @@ impl Resolver {
     pub async fn dial(&self, target: &Target) -> Result<(TcpStream, SocketAddr), DialError> {
         let addrs = self.vetted(target).await?;
         let deadline = Instant::now() + self.connect_timeout;
-        let mut last_err = None;
-        for addr in addrs {
-            if let Some(record) = &self.recorder {
+        if let Some(record) = &self.recorder {
+            for addr in addrs {
                 record(target, addr);
-                last_err = Some(io::Error::new(io::ErrorKind::ConnectionRefused, "dial recorded, not made"));
-                continue;
             }
-            match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
-                Ok(Ok(stream)) => {
-                    let _ = stream.set_nodelay(true);
-                    set_keepalive(&stream, self.keepalive);
-                    return Ok((stream, addr));
-                }
-                Ok(Err(e)) => last_err = Some(e),
+            let recorded = io::Error::new(io::ErrorKind::ConnectionRefused, "dial recorded, not made");
+            return Err(DialError::Unreachable(recorded));
+        }
+        let (stream, addr) = match addrs.as_slice() {
+            [one] => match tokio::time::timeout_at(deadline, TcpStream::connect(*one)).await {
+                Ok(Ok(stream)) => (stream, *one),
+                Ok(Err(e)) => return Err(DialError::Unreachable(e)),
                 Err(_) => return Err(DialError::Timeout),
+            },
+            _ => race(happy_eyeballs_order(addrs), deadline).await?,
+        };
+        let _ = stream.set_nodelay(true);
+        set_keepalive(&stream, self.keepalive);
+        Ok((stream, addr))
+    }
+}
+
+/// How long an attempt has before the next address is tried beside it (RFC 8305's
+/// recommended Connection Attempt Delay).
+const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
+
+/// RFC 8305 order: IPv6 first, then alternating families, each family in the
+/// resolver's order.
+pub fn happy_eyeballs_order(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    let (v6, v4): (Vec<SocketAddr>, Vec<SocketAddr>) = addrs.into_iter().partition(SocketAddr::is_ipv6);
+    let mut out = Vec::with_capacity(v6.len() + v4.len());
+    let (mut a, mut b) = (v6.into_iter(), v4.into_iter());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return out,
+            (x, y) => out.extend(x.into_iter().chain(y)),
+        }
+    }
+}
+
+/// Connects to the first of `addrs` that answers: a new attempt starts every
+/// [`ATTEMPT_DELAY`], or at once when the last one failed; the first success wins and
+/// the others are dropped. So a dead or blackholed first address costs 250 ms, not the
+/// whole connect timeout.
+async fn race(addrs: Vec<SocketAddr>, deadline: Instant) -> Result<(TcpStream, SocketAddr), DialError> {
+    let mut attempts = tokio::task::JoinSet::new();
+    let mut next = addrs.into_iter();
+    let mut last_err = None;
+    let mut start_next = true;
+    loop {
+        if std::mem::take(&mut start_next) {
+            match next.next() {
+                Some(addr) => {
+                    attempts.spawn(async move { (addr, TcpStream::connect(addr).await) });
+                }
+                None if attempts.is_empty() => break,
+                None => {}
             }
         }
-        Err(DialError::Unreachable(last_err.unwrap_or_else(|| io::Error::other("no address"))))
+        let more = next.len() > 0;
+        let stagger = tokio::time::sleep(ATTEMPT_DELAY);
+        tokio::select! {
+            done = attempts.join_next(), if !attempts.is_empty() => match done {
+                Some(Ok((addr, Ok(stream)))) => return Ok((stream, addr)),
+                Some(Ok((_, Err(e)))) => {
+                    last_err = Some(e);
+                    start_next = true;
+                }
+                Some(Err(e)) => {
+                    last_err = Some(io::Error::other(e.to_string()));
+                    start_next = true;
+                }
+                None => start_next = true,
+            },
+            _ = stagger, if more => start_next = true,
+            _ = tokio::time::sleep_until(deadline) => return Err(DialError::Timeout),
+        }
     }
+    Err(DialError::Unreachable(last_err.unwrap_or_else(|| io::Error::other("no address"))))
 }
 
 /// Vets every address; an empty result names the first refused one.
@@ -204,6 +263,44 @@ pub fn vet_all(filter: &EgressFilter, ips: &[IpAddr], port: u16) -> Result<Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn happy_eyeballs_order_starts_with_ipv6_and_alternates() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap_or_else(|e| panic!("{e}"));
+        let order = happy_eyeballs_order(vec![a("192.0.2.1:443"), a("192.0.2.2:443"), a("[2001:db8::1]:443")]);
+        assert_eq!(order, vec![a("[2001:db8::1]:443"), a("192.0.2.1:443"), a("192.0.2.2:443")]);
+    }
+
+    /// A first address that never answers costs one attempt delay, not the timeout.
+    /// (On loopback: a listener whose accept queue is full drops new SYNs.)
+    #[tokio::test]
+    async fn a_blackholed_first_address_costs_one_attempt_delay() {
+        let black = std::net::TcpListener::bind("127.0.0.3:0").unwrap_or_else(|e| panic!("{e}"));
+        let sock = socket2::SockRef::from(&black);
+        sock.listen(0).unwrap_or_else(|e| panic!("{e}"));
+        let port = black.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
+        // Fill the accept queue; later SYNs are dropped, so connects hang.
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            s.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
+            let _ = s.connect(&SocketAddr::from(([127, 0, 0, 3], port)).into());
+            fillers.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let good = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap_or_else(|e| panic!("{e}"));
+        let addrs = vec![SocketAddr::from(([127, 0, 0, 3], port)), good.local_addr().unwrap_or_else(|e| panic!("{e}"))];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (_stream, addr) = race(addrs, deadline).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(addr.ip(), std::net::IpAddr::from([127, 0, 0, 1]), "the second address won");
+        // A refused first address moves on at once too.
+        drop(black);
+        let addrs = vec![SocketAddr::from(([127, 0, 0, 3], port)), good.local_addr().unwrap_or_else(|e| panic!("{e}"))];
+        let (_stream, addr) =
+            race(addrs, Instant::now() + Duration::from_secs(5)).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(addr.port(), port);
+    }
 
     #[test]
     fn vet_all_keeps_only_public_addresses() {
