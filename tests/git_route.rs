@@ -104,6 +104,17 @@ fn world_with(token_ttl_secs: u64, refresh_before: &str, static_token: Option<&s
 }
 
 fn world_with_policy(token_ttl_secs: u64, refresh_before: &str, static_token: Option<&str>, policy: &str) -> World {
+    world_full(token_ttl_secs, refresh_before, static_token, policy, "")
+}
+
+/// `api_prefix`: a path under the API host, as GitHub Enterprise Server has (`/api/v3`).
+fn world_full(
+    token_ttl_secs: u64,
+    refresh_before: &str,
+    static_token: Option<&str>,
+    policy: &str,
+    api_prefix: &str,
+) -> World {
     let ca = TestCa::new(&["github.test", "api.github.test"]);
     let repos = repos();
     let github = TestOrigin::git_https(&ca, repos.path().to_path_buf());
@@ -133,7 +144,7 @@ allow = ["127.0.0.1/32"]
 
 [github]
 web_url = "https://github.test:{web}"
-api_url = "https://api.github.test:{api}"
+api_url = "https://api.github.test:{api}{api_prefix}"
 ca_file = "{ca}"
 refresh_before = "{refresh_before}"
 {credentials}
@@ -473,4 +484,18 @@ fn report_mode_never_lends_the_gateways_credential() {
     );
     let refused = w.gw.wait_for_access(3, |v| v["kind"] == "git" && v["reason"].is_string());
     assert!(refused.iter().all(|v| v["decision"] == "deny"), "logged as deny, not would_deny: {refused:?}");
+}
+
+/// GitHub Enterprise Server's API lives under a path (`https://ghe.example.com/api/v3`):
+/// accepted by config validation and kept on every API call.
+#[test]
+fn github_enterprise_api_url_with_a_path_prefix() {
+    let w = world_full(3600, "5m", None, POLICY, "/api/v3");
+    let work = tempfile::tempdir().unwrap();
+    ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "w"]));
+    assert_eq!(w.api.mint_count(), 1);
+    assert!(
+        w.api.prefixed.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "installation lookup and mint under /api/v3"
+    );
 }

@@ -626,8 +626,21 @@ fn validate_github(g: super::raw::RawGithub, file: &DisplayPath, base_dir: &Path
             .trim_end_matches('/')
             .parse()
             .map_err(|_| ConfigError::invalid(file, key, format!("expected an http(s) URL, got {v:?}")))?;
+        // The API URL may carry a path: GitHub Enterprise Server's is /api/v3.
+        let path_ok = u.path() == "/"
+            || u.path().is_empty()
+            || key == "github.api_url"
+                && u.query().is_none()
+                && !u.path().contains("..")
+                && !u.path().contains("//")
+                && u.path().bytes().all(|b| b.is_ascii_alphanumeric() || b"/-._".contains(&b));
         match (u.scheme_str(), u.host()) {
-            (Some("https" | "http"), Some(_)) if u.path() == "/" || u.path().is_empty() => Ok(u),
+            (Some("https" | "http"), Some(_)) if path_ok => Ok(u),
+            _ if key == "github.api_url" => Err(ConfigError::invalid(
+                file,
+                key,
+                format!("expected https://HOST[:PORT][/PATH] (e.g. https://ghe.example.com/api/v3), got {v:?}"),
+            )),
             _ => {
                 Err(ConfigError::invalid(file, key, format!("expected https://HOST[:PORT] without a path, got {v:?}")))
             }

@@ -24,6 +24,8 @@ pub struct FakeGithubApi {
     pub requests: Arc<Mutex<Vec<serde_json::Value>>>,
     /// PEM of the App's private key, for the gateway's config.
     pub private_key_pem: String,
+    /// Requests that came under GitHub Enterprise Server's `/api/v3` prefix.
+    pub prefixed: Arc<AtomicUsize>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -33,6 +35,7 @@ struct Ctx {
     mints: Arc<AtomicUsize>,
     requests: Arc<Mutex<Vec<serde_json::Value>>>,
     token_ttl_secs: u64,
+    prefixed: Arc<AtomicUsize>,
 }
 
 /// An RSA key pair from the openssl command line (PEM private key, PEM public key).
@@ -59,11 +62,13 @@ impl FakeGithubApi {
         let addr = listener.local_addr().unwrap();
         let mints = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let prefixed = Arc::new(AtomicUsize::new(0));
         let ctx = Arc::new(Ctx {
             public_pem: public_pem.into_bytes(),
             mints: mints.clone(),
             requests: requests.clone(),
             token_ttl_secs,
+            prefixed: prefixed.clone(),
         });
         let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config.clone());
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -88,7 +93,7 @@ impl FakeGithubApi {
                 }
             });
         });
-        FakeGithubApi { addr, mints, requests, private_key_pem, stop: Some(stop_tx), thread: Some(thread) }
+        FakeGithubApi { addr, mints, requests, private_key_pem, prefixed, stop: Some(stop_tx), thread: Some(thread) }
     }
 
     pub fn mint_count(&self) -> usize {
@@ -130,7 +135,14 @@ async fn route(req: Request<Incoming>, ctx: &Ctx) -> Response<Full<Bytes>> {
         Ok(t) if t.claims["iss"] == "1234" => {}
         _ => return reply(401, serde_json::json!({"message": "Bad credentials"})),
     }
-    let path = req.uri().path().to_string();
+    // GitHub Enterprise Server serves the same API under /api/v3.
+    let path = match req.uri().path().strip_prefix("/api/v3") {
+        Some(rest) => {
+            ctx.prefixed.fetch_add(1, Ordering::SeqCst);
+            rest.to_string()
+        }
+        None => req.uri().path().to_string(),
+    };
     let method = req.method().clone();
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     if method == "GET" && path.starts_with("/repos/") && path.ends_with("/installation") {
