@@ -98,6 +98,24 @@ pub enum PolicyCommand {
         #[arg(long)]
         json: bool,
     },
+    /// From an access log, the smallest set of allow rules, git repositories and routes
+    /// that would have allowed what was denied (or would_deny), grouped by policy.
+    Suggest {
+        /// Access log (JSON lines, as the gateway writes them).
+        #[arg(long)]
+        log: PathBuf,
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        /// Only this sandbox's requests.
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// Only this policy's requests.
+        #[arg(long)]
+        policy: Option<String>,
+        /// Write a copy of the policy directory with the suggestions added here.
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
     /// Semantic diff of two policy directories, per policy and per sandbox.
     Diff {
         /// Config for defaults (egress.ports, policy.mode); its policy.dir is ignored.

@@ -7,6 +7,7 @@ pub mod diff;
 pub mod lint;
 pub mod mint;
 pub mod replay;
+pub mod suggest;
 pub mod test_file;
 
 use std::path::PathBuf;

@@ -33,6 +33,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             PolicyCommand::Test { config, files } => commands::test_file::run(config.as_ref(), files, out),
             PolicyCommand::Lint { config, deny_warnings } => commands::lint::run(config.as_ref(), *deny_warnings, out),
             PolicyCommand::Replay { log, config, json } => commands::replay::run(log, config.as_ref(), *json, out),
+            PolicyCommand::Suggest { log, config, sandbox, policy, write } => {
+                let filter = commands::suggest::Filter { sandbox: sandbox.as_deref(), policy: policy.as_deref() };
+                commands::suggest::run(log, config.as_ref(), &filter, write.as_deref(), out)
+            }
             PolicyCommand::Diff { config, old_dir, new_dir } => {
                 commands::diff::run(config.as_ref(), old_dir, new_dir, out)
             }

@@ -371,3 +371,63 @@ policy = "trial"
     assert!(out.contains("note:    policy is in report mode, but git rules are always enforced"), "{out}");
     assert!(out.contains("also allows an opaque tunnel to GitHub"), "{out}");
 }
+
+/// A day of report mode turned into an allowlist: what was denied or would_deny becomes
+/// the smallest set of rules, with counts; `--write` makes a policy directory that
+/// `policy diff` reads.
+#[test]
+fn suggest_turns_denials_into_rules() {
+    let (dir, cfg) = setup(POLICY, "");
+    let line = |sandbox: &str, policy: &str, kind: &str, target: &str, decision: &str, reason: &str, rule: &str| {
+        let rule = if rule.is_empty() { String::new() } else { format!(",\"rule\":\"{rule}\"") };
+        format!(
+            "{{\"log\":\"access\",\"sandbox\":\"{sandbox}\",\"policy\":\"{policy}\",\"kind\":\"{kind}\",\"target\":\"{target}\",\"decision\":\"{decision}\",\"reason\":\"{reason}\"{rule}}}\n"
+        )
+    };
+    let mut log = String::new();
+    for _ in 0..3 {
+        log.push_str(&line("sbx-py", "python", "connect", "crates.io:443", "would_deny", "host_not_allowed", ""));
+    }
+    log.push_str(&line("sbx-py", "python", "connect", "api.example.com:9443", "deny", "port_not_allowed", ""));
+    log.push_str(&line("sbx-py", "python", "connect", "upload.pypi.org:443", "deny", "host_denied", "upload.pypi.org"));
+    log.push_str(&line("sbx-py", "python", "connect", "pypi.org:443", "allow", "", ""));
+    log.push_str(&line("sbx-git", "git", "git", "github.com/acme/tools", "deny", "repo_not_connected", ""));
+    log.push_str(&line(
+        "sbx-git",
+        "git",
+        "git",
+        "github.com/acme/widgets",
+        "deny",
+        "git_ref_denied",
+        "refs/heads/main",
+    ));
+    log.push_str("{\"level\":\"info\",\"msg\":\"not an access line\"}\nnot json\n");
+    let log_path = dir.path().join("access.jsonl");
+    std::fs::write(&log_path, log).unwrap();
+
+    let new_dir = dir.path().join("suggested");
+    let (code, out, err) =
+        text(&bin(&["policy", "suggest", "--log", s(&log_path), "--config", s(&cfg), "--write", s(&new_dir)]));
+    assert_eq!(code, 0, "{out}{err}");
+    for expect in [
+        "# 7 denied requests read; 1 refused by a deny rule (not suggested)",
+        "[policies.python]",
+        "\"crates.io\",",
+        "# 3 requests",
+        "\"api.example.com:9443\",",
+        "[policies.git]",
+        "git.repos = [\n  \"acme/tools\",",
+        "git.push = [\n  \"refs/heads/main\",",
+    ] {
+        assert!(out.contains(expect), "missing {expect:?} in:\n{out}");
+    }
+    assert!(!out.contains("upload.pypi.org"), "a deny rule's refusal is never suggested: {out}");
+    let (code, out, _) =
+        text(&bin(&["policy", "diff", "--config", s(&cfg), s(&dir.path().join("policy")), s(&new_dir)]));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("+ allow \"crates.io\"") && out.contains("+ allow \"api.example.com:9443\""), "{out}");
+    let (code, out, _) =
+        text(&bin(&["policy", "suggest", "--log", s(&log_path), "--config", s(&cfg), "--sandbox", "sbx-git"]));
+    assert_eq!(code, 0);
+    assert!(!out.contains("crates.io") && out.contains("acme/tools"), "{out}");
+}
