@@ -62,24 +62,28 @@ fn non_empty(s: &str) -> Option<&str> {
 const MAX_RAW_TARGET: usize = 256;
 
 /// A printable, bounded rendering of an unparsed request target, safe to log and echo:
-/// userinfo (`http://ID:TOKEN@host/`) and the query string (`?key=...`), where clients
-/// put credentials, are replaced by `[redacted]`.
+/// anything up to the last `@` (userinfo, however malformed: a password may hold `/`
+/// or `?`) and the query string (`?key=...`), where clients put credentials, are
+/// replaced by `[redacted]`. Over-redacting a refused target costs nothing.
 pub fn raw_target(s: &str) -> String {
-    let (s, had_query) = match s.find(['?', '#']) {
-        Some(i) => (&s[..i], true),
-        None => (s, false),
-    };
-    let authority_start = s.find("://").map_or(0, |i| i + 3);
-    let authority_end = s[authority_start..].find('/').map_or(s.len(), |i| authority_start + i);
+    let start = s.find("://").map_or(0, |i| i + 3);
     let mut cleaned = String::with_capacity(s.len().min(MAX_RAW_TARGET) + 24);
-    match s[authority_start..authority_end].rfind('@') {
+    let rest = match s[start..].rfind('@') {
         Some(at) => {
-            cleaned.push_str(&s[..authority_start]);
+            cleaned.push_str(&s[..start]);
             cleaned.push_str("[redacted]");
-            cleaned.push_str(&s[authority_start + at..]);
+            &s[start + at..]
         }
-        None => cleaned.push_str(s),
+        None => &s[start..],
+    };
+    if start > 0 && cleaned.is_empty() {
+        cleaned.push_str(&s[..start]);
     }
+    let (rest, had_query) = match rest.find(['?', '#']) {
+        Some(i) => (&rest[..i], true),
+        None => (rest, false),
+    };
+    cleaned.push_str(rest);
     let mut out = bounded(&cleaned);
     if had_query {
         out.push_str("?[redacted]");
@@ -238,7 +242,11 @@ mod tests {
         assert_eq!(raw_target("http://sbx-a:TOKEN@host/x?y"), "http://[redacted]@host/x?[redacted]");
         assert_eq!(raw_target("sbx-a:TOKEN@host:443"), "[redacted]@host:443");
         assert_eq!(raw_target("/path?key=sbx-a:TOKEN"), "/path?[redacted]");
-        assert_eq!(raw_target("http://host/a@b"), "http://host/a@b", "an @ in the path is not userinfo");
+        assert_eq!(raw_target("http://sbx-a:Ab3+/x9Q=@origin.test/"), "http://[redacted]@origin.test/");
+        assert_eq!(raw_target("http://sbx-a:Ab3?x@origin.test/"), "http://[redacted]@origin.test/");
+        assert_eq!(raw_target("//sbx-a:TOK@origin.test/"), "[redacted]@origin.test/");
+        assert_eq!(raw_target("/github.test/sbx-a:TOK@acme/w.git"), "[redacted]@acme/w.git");
+        assert_eq!(raw_target("http://host/plain"), "http://host/plain");
         assert_eq!(raw_target("http://host/#frag"), "http://host/?[redacted]");
         assert_eq!(raw_target("bad\u{7}host:1"), "bad?host:1");
         assert_eq!(raw_target(&"a".repeat(1000)).len(), MAX_RAW_TARGET);

@@ -199,16 +199,24 @@ pub fn within_failure_budget(
         return Err(auth::AuthError::TooManyFailures);
     }
     let result = check();
-    match &result {
-        Ok(_) => {
-            if let Some(p) = &conn.pending {
-                p.authenticated();
-            }
-        }
-        Err(auth::AuthError::Missing) => {}
-        Err(_) => shared.admission.failed(ip),
+    if let Err(e) = &result
+        && *e != auth::AuthError::Missing
+    {
+        shared.admission.failed(ip);
     }
     result
+}
+
+impl ConnInfo {
+    /// A request on this connection was authorized (identity, policy and limits): the
+    /// connection no longer counts against its address's unauthenticated share. A
+    /// request the policy refuses does not count: refused requests cost nothing and
+    /// would otherwise let one sandbox hold connections for free.
+    pub fn authorized(&self) {
+        if let Some(p) = &self.pending {
+            p.authenticated();
+        }
+    }
 }
 
 /// Holds an identity to the connection it came on: a sandbox bound to VPC endpoints
@@ -265,6 +273,7 @@ fn authorize(
         Ok(p) => p,
         Err(e) => return Err(Box::new(reject(rec, DenyReason::LimitExceeded, &e.to_string()))),
     };
+    conn.authorized();
     Ok(Authorized { identity, permit })
 }
 

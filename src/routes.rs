@@ -23,7 +23,7 @@ use crate::config::RouteConfig;
 use crate::policy::DenyReason;
 use crate::proxy::bodies::{Counting, IdleBody};
 use crate::proxy::limits::SandboxLimits;
-use crate::proxy::registry::{ENDED_HINT, Held, Revocable};
+use crate::proxy::registry::{ENDED_HINT, Held, Hold, Revocable};
 use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
 use crate::reload::State;
 
@@ -172,12 +172,14 @@ pub async fn handle(
         );
     };
 
+    conn.authorized();
     let registration =
         shared.tunnels.register(&identity, Held::Route(route.name.clone()), shared.hard_stop.child_token());
+    let hold = Hold::new(registration, permit);
     let (parts, body) = req.into_parts();
     let bytes_up = Arc::new(AtomicU64::new(0));
     let idle = shared.config.proxy.tunnel_idle_timeout;
-    let body = IdleBody::new(Counting::new(body, bytes_up.clone()), idle).boxed_unsync();
+    let body = Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone()).boxed_unsync();
     let uri = format!("{}{}", route.upstream.to_string().trim_end_matches('/'), upstream_path);
     let mut up = Request::builder().method(parts.method.clone()).uri(uri);
     if let Some(h) = up.headers_mut() {
@@ -193,7 +195,8 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = shared.config.proxy.response_header_timeout;
-    let sent = registration.unless_ended(crate::upstream_tls::send(&route_shared.client, up, timeout, "the API")).await;
+    let sent =
+        hold.registration().unless_ended(crate::upstream_tls::send(&route_shared.client, up, timeout, "the API")).await;
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
@@ -202,22 +205,29 @@ pub async fn handle(
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     // The redactor matches raw bytes: a compressed echo of the key would pass it. The
     // upstream was asked for `identity`; anything else is refused, never passed on.
-    if let Some(coding) = resp
+    // A transfer coding other than chunked (which hyper decodes) would pass encoded
+    // bytes unlabelled once the hop-by-hop header is stripped. The value itself is
+    // never quoted: the upstream chose it, and it could carry the key.
+    let encoded = resp
         .headers()
         .get_all(header::CONTENT_ENCODING)
         .iter()
-        .find(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-    {
-        let detail = format!(
-            "the API answered with Content-Encoding {:?} although identity was asked for; an encoded body \
-             cannot be redacted",
-            String::from_utf8_lossy(coding.as_bytes())
-        );
-        return finish(&mut rec, DenyReason::UpstreamEncoding, None, &detail, entry);
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+        || resp
+            .headers()
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .any(|v| v.as_bytes().split(|b| *b == b',').any(|c| !c.trim_ascii().eq_ignore_ascii_case(b"chunked")));
+    if encoded {
+        let detail = "the API answered with a content or transfer coding although identity was asked for; an \
+                      encoded body cannot be redacted";
+        return finish(&mut rec, DenyReason::UpstreamEncoding, None, detail, entry);
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
     crate::proxy::forward::strip_hop_by_hop(&mut parts.headers, false);
+    // The upstream's own reason phrase is not passed on: it is not redacted.
+    parts.extensions.remove::<hyper::ext::ReasonPhrase>();
     // Redaction can change the length.
     for h in [header::CONTENT_LENGTH, header::SET_COOKIE] {
         parts.headers.remove(h);
@@ -225,8 +235,8 @@ pub async fn handle(
     // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
     // through as is, with its Location redacted like everything else.
     redact::headers(&mut parts.headers, secret.expose());
-    let body = redact::RedactBody::new(Revocable::new(IdleBody::new(body, idle), registration), secret.expose());
-    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
+    let body = redact::RedactBody::new(Revocable::new(IdleBody::new(body, idle), hold.clone()), secret.expose());
+    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }
 

@@ -499,3 +499,45 @@ fn github_enterprise_api_url_with_a_path_prefix() {
         "installation lookup and mint under /api/v3"
     );
 }
+
+/// A push is registered before its command list is read: a reload that revokes the
+/// sandbox's credential while the list trickles in ends it, and nothing reaches GitHub
+/// with the gateway's write credential.
+#[test]
+fn a_push_whose_credential_is_revoked_mid_command_list_never_reaches_github() {
+    use std::io::Write;
+    let w = world(3600, "5m");
+    let chunk = |b: &[u8]| {
+        let mut c = format!("{:x}\r\n", b.len()).into_bytes();
+        c.extend_from_slice(b);
+        c.extend_from_slice(b"\r\n");
+        c
+    };
+    let a = "a".repeat(40);
+    let zero = "0".repeat(40);
+    let payload = format!("{zero} {a} refs/heads/agent/late\0report-status\n");
+    let commands = format!("{:04x}{payload}0000PACK", payload.len() + 4);
+    let mut s = raw::connect(w.gw.addr);
+    write!(
+        s,
+        "POST /github.test/acme/widgets.git/git-receive-pack HTTP/1.1\r\nHost: gw\r\nAuthorization: {}\r\n\
+         Content-Type: application/x-git-receive-pack-request\r\nTransfer-Encoding: chunked\r\n\r\n",
+        support::basic("sbx-a", TOKEN_A)
+    )
+    .unwrap();
+    s.write_all(&chunk(&commands.as_bytes()[..10])).unwrap();
+    s.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Rotate sbx-a's token and reload while the command list is still arriving.
+    let policy = POLICY.replace("@A@", &sha256_hex("a-new-token")).replace("@B@", &sha256_hex(TOKEN_B));
+    std::fs::write(w.gw.dir.path().join("policy/test.toml"), policy).unwrap();
+    w.gw.signal("HUP");
+    w.gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "closing a connection");
+    let _ = s.write_all(&chunk(&commands.as_bytes()[10..]));
+    let _ = s.write_all(b"0\r\n\r\n");
+    let resp = raw::read_response(&mut s);
+    assert_ne!(status(&resp), 200, "{resp}");
+    assert!(resp.contains("the connection was ended"), "{resp}");
+    assert!(w.github.recorded().iter().all(|r| !r.uri.contains("git-receive-pack")), "nothing reached GitHub");
+    assert_eq!(w.api.mint_count(), 0, "no write credential was minted");
+}

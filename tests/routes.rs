@@ -281,4 +281,8 @@ fn compressed_or_ranged_echoes_never_leak_the_key() {
     let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
     assert!(body.starts_with('{'), "the JSON refusal, not the gzip body: {body:?}");
     w.gw.wait_for_access(1, |v| v["reason"] == "upstream_encoding" && v["status"] == 502);
+    // The key in the upstream's reason phrase or in a header name.
+    let resp = get("/reason-echo", "");
+    assert_eq!(status(&resp), 401, "{resp}");
+    assert!(!resp.to_ascii_lowercase().contains(&SECRET.to_ascii_lowercase()), "{resp}");
 }

@@ -294,3 +294,60 @@ fn open_connections_end_when_their_credential_is_revoked_rotated_or_expires() {
     wait_closed(&mut streaming, "a forwarded response of a rotated static token", deadline);
     still_open(&mut control);
 }
+
+/// An upload whose response has already ended is still held by its request: a reload
+/// that rotates the sandbox's token cuts it, and nothing sent after the reload reaches
+/// the origin.
+#[test]
+fn an_upload_outliving_its_response_is_cut_by_revocation() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    // An origin that answers at once and keeps reading the body.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let received = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (rx, cl) = (received.clone(), closed.clone());
+    std::thread::spawn(move || {
+        let Ok((mut c, _)) = listener.accept() else { return };
+        let mut buf = [0u8; 4096];
+        let mut answered = false;
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    rx.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if !answered && rx.lock().unwrap().windows(4).any(|w| w == b"\r\n\r\n") {
+                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+                        answered = true;
+                    }
+                }
+            }
+        }
+        cl.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut s = raw::connect(gw.addr);
+    write!(
+        s,
+        "POST http://origin.test:{port}/upload HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\
+         Transfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n",
+        basic("sbx-a", support::TOKEN_A)
+    )
+    .unwrap();
+    assert_eq!(status(&raw::read_head(&mut s)), 200);
+    let rotated =
+        standard_policy().replace(&support::sha256_hex(support::TOKEN_A), &support::sha256_hex("a-new-token"));
+    std::fs::write(gw.dir.path().join("policy/test.toml"), rotated).unwrap();
+    gw.signal("HUP");
+    // The sweep that follows the reload ends the request.
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "closing a connection");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !closed.load(std::sync::atomic::Ordering::SeqCst) {
+        let _ = s.write_all(b"10\r\nafter-revocation\r\n");
+        assert!(std::time::Instant::now() < deadline, "the upload to the origin is still open");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let got = String::from_utf8_lossy(&received.lock().unwrap()).into_owned();
+    assert!(got.contains("first") && !got.contains("after-revocation"), "{got}");
+}

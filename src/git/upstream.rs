@@ -26,7 +26,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::auth::{self, AuthError};
 use crate::policy::DenyReason;
 use crate::proxy::bodies::{Counting, IdleBody};
-use crate::proxy::registry::{ENDED_HINT, Held, Revocable};
+use crate::proxy::registry::{ENDED_HINT, Held, Hold, Revocable};
 use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
 use crate::reload::State;
 
@@ -109,6 +109,11 @@ pub async fn handle(
         Ok(p) => p,
         Err(e) => return finish(&mut rec, DenyReason::LimitExceeded, None, &e.to_string(), entry),
     };
+    conn.authorized();
+    // Registered before any of the body is read: a push whose command list trickles in
+    // is ended by a reload that revokes its credential like any open connection.
+    let held = Held::Git { repo: git.full_name(), write, refs: Vec::new() };
+    let hold = Hold::new(shared.tunnels.register(&identity, held, shared.hard_stop.child_token()), permit);
 
     let (parts, body) = req.into_parts();
     let idle = gh.idle_timeout;
@@ -125,9 +130,10 @@ pub async fn handle(
         {
             return finish(&mut rec, DenyReason::BadRequest, None, "compressed push bodies are not supported", entry);
         }
-        let (head, rest, commands) = match read_commands(body, idle).await {
-            Ok(x) => x,
-            Err(msg) => return finish(&mut rec, DenyReason::BadRequest, None, &msg, entry),
+        let (head, rest, commands) = match hold.registration().unless_ended(read_commands(body, idle)).await {
+            Some(Ok(x)) => x,
+            Some(Err(msg)) => return finish(&mut rec, DenyReason::BadRequest, None, &msg, entry),
+            None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry),
         };
         // Every ref is judged; one refused ref refuses the whole push, and each refused
         // ref is named in the report git prints.
@@ -162,13 +168,16 @@ pub async fn handle(
             return in_git_terms(&mut rec, DenyReason::GitRefDenied, &hint, &content_type, body);
         }
         let counted = Counting::new(Prefixed { head: Some(head), rest }, bytes_up.clone());
-        IdleBody::new(counted, idle).boxed_unsync()
+        // The refs are held too: a reload that narrows git.push ends the push.
+        hold.registration().set_held(Held::Git { repo: git.full_name(), write, refs: refs.clone() });
+        Revocable::new(IdleBody::new(counted, idle), hold.clone()).boxed_unsync()
     } else {
-        IdleBody::new(Counting::new(body, bytes_up.clone()), idle).boxed_unsync()
+        Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone()).boxed_unsync()
     };
+    if hold.registration().is_ended() {
+        return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry);
+    }
 
-    let held = Held::Git { repo: git.full_name(), write, refs };
-    let registration = shared.tunnels.register(&identity, held, shared.hard_stop.child_token());
     let route = &shared.git;
     let perm = if write { Permission::Write } else { Permission::Read };
     let token = match route.credentials.token(&git.owner, &git.repo, perm).await {
@@ -200,7 +209,7 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = shared.config.proxy.response_header_timeout;
-    let sent = registration.unless_ended(crate::upstream_tls::send(&route.client, up, timeout, "GitHub")).await;
+    let sent = hold.registration().unless_ended(crate::upstream_tls::send(&route.client, up, timeout, "GitHub")).await;
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
@@ -217,8 +226,8 @@ pub async fn handle(
     for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
     }
-    let body = Revocable::new(IdleBody::new(body, idle), registration);
-    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
+    let body = Revocable::new(IdleBody::new(body, idle), hold.clone());
+    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }
 

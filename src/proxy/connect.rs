@@ -60,12 +60,16 @@ pub async fn handle(
             Err(resp) => return *resp,
         };
 
-    let (upstream, upstream_addr) = match shared.resolver.dial(&target).await {
-        Ok(ok) => ok,
-        Err(e) => {
+    // Registered before the dial: a reload while the gateway resolves and connects
+    // (which the client can stretch) ends this tunnel like any open one.
+    let registration = shared.tunnels.register(&sandbox, Held::Host(target.clone()), shared.hard_stop.child_token());
+    let (upstream, upstream_addr) = match registration.unless_ended(shared.resolver.dial(&target)).await {
+        Some(Ok(ok)) => ok,
+        Some(Err(e)) => {
             let reason = e.reason();
             return reject(&mut rec, reason, &e.to_string());
         }
+        None => return reject(&mut rec, DenyReason::AuthInvalid, super::registry::ENDED_HINT),
     };
     rec.upstream_addr = Some(upstream_addr);
     rec.status = 200;
@@ -74,7 +78,6 @@ pub async fn handle(
     let idle = shared.config.proxy.tunnel_idle_timeout;
     // Counted and registered from before the `200` is written, so a scrape or a reload
     // right after it sees the tunnel.
-    let registration = shared.tunnels.register(&sandbox, Held::Host(target), shared.hard_stop.child_token());
     let slot = conn.slot.clone();
     let active = crate::metrics::ActiveGuard::tunnel();
     shared.tasks.spawn(async move {

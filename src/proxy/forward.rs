@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::registry::Held;
+use super::registry::{Held, Hold, Revocable};
 use super::{ConnInfo, ProxyBody, Shared, reject, tunnel, upstream};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
@@ -67,17 +67,18 @@ pub async fn handle(
             Err(resp) => return *resp,
         };
     let registration = shared.tunnels.register(&sandbox, Held::Host(target.clone()), shared.hard_stop.child_token());
+    let hold = Hold::new(registration, permit);
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
-    let up_req = match upstream_request(req, &target, wants_upgrade) {
+    let up_req = match upstream_request(req, &target, wants_upgrade, hold.clone()) {
         Ok((r, counter)) => (r, counter),
         Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
     };
     let (up_req, bytes_up) = up_req;
 
     let timeout = shared.config.proxy.response_header_timeout;
-    let sent = registration.unless_ended(tokio::time::timeout(timeout, shared.client().request(up_req))).await;
+    let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, shared.client().request(up_req))).await;
     let Some(sent) = sent else {
         return reject(&mut rec, DenyReason::AuthInvalid, super::registry::ENDED_HINT);
     };
@@ -106,8 +107,8 @@ pub async fn handle(
         // Counted from before the `101` is written, so a scrape after it sees it.
         let active = crate::metrics::ActiveGuard::tunnel();
         shared.tasks.spawn(async move {
-            let (_permit, _slot, _active) = (permit, slot, active);
-            let cancel = registration.token().clone();
+            let (_slot, _active) = (slot, active);
+            let cancel = hold.registration().token().clone();
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
                 let out = tunnel::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel).await;
                 rec.bytes_up = out.up;
@@ -122,8 +123,8 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    let body = super::registry::Revocable::new(body, registration);
-    let body = super::logged_body::LoggedBody::new(body, bytes_up, rec, permit);
+    let body = Revocable::new(body, hold.clone());
+    let body = super::logged_body::LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }
 
@@ -133,6 +134,7 @@ fn upstream_request(
     req: Request<Incoming>,
     target: &Target,
     upgrade: bool,
+    hold: Arc<Hold>,
 ) -> Result<(Request<CountingBody<Incoming>>, Arc<AtomicU64>), &'static str> {
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -143,7 +145,7 @@ fn upstream_request(
     let host = HeaderValue::from_str(&host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));
-    let body = CountingBody { inner: body, count: counter.clone() };
+    let body = CountingBody { inner: Revocable::new(body, hold), count: counter.clone() };
     Ok((Request::from_parts(parts, body), counter))
 }
 
@@ -195,20 +197,26 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// A request body that counts the bytes it yields.
+/// A request body that counts the bytes it yields, and ends with an error when its
+/// request is ended by a sweep (it holds the request's registration and concurrency
+/// slot, shared with the response body: an upload may outlive its response).
 pub struct CountingBody<B> {
-    inner: B,
+    inner: Revocable<B>,
     count: Arc<AtomicU64>,
 }
 
 impl<B> Body for CountingBody<B>
 where
     B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<super::BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = super::BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, super::BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled
             && let Some(data) = frame.data_ref()

@@ -1,6 +1,7 @@
 //! A response body that counts the bytes it yields and writes the access record when
 //! it is dropped (finished or abandoned by the client), so the record carries the real
-//! totals. It also holds the sandbox's concurrency slot until then.
+//! totals. It also holds the request's registration and concurrency slot until then
+//! (shared with the request body, which may outlive it).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::BoxError;
-use super::limits::Permit;
+use super::registry::Hold;
 use crate::access_log::AccessRecord;
 
 pub struct LoggedBody<B> {
@@ -19,12 +20,12 @@ pub struct LoggedBody<B> {
     bytes: u64,
     bytes_up: Arc<AtomicU64>,
     rec: Option<AccessRecord>,
-    _permit: Permit,
+    _hold: Arc<Hold>,
 }
 
 impl<B> LoggedBody<B> {
-    pub fn new(inner: B, bytes_up: Arc<AtomicU64>, rec: AccessRecord, permit: Permit) -> Self {
-        LoggedBody { inner, bytes: 0, bytes_up, rec: Some(rec), _permit: permit }
+    pub fn new(inner: B, bytes_up: Arc<AtomicU64>, rec: AccessRecord, hold: Arc<Hold>) -> Self {
+        LoggedBody { inner, bytes: 0, bytes_up, rec: Some(rec), _hold: hold }
     }
 }
 

@@ -80,6 +80,21 @@ impl Registration {
         &self.cancel
     }
 
+    /// Replaces what the connection is held to (a push's refs, once read), so that a
+    /// later sweep judges them too.
+    pub fn set_held(&self, held: Held) {
+        if let Ok(mut open) = self.open.lock()
+            && let Some(e) = open.get_mut(&self.id)
+        {
+            e.held = held;
+        }
+    }
+
+    /// True once a sweep has ended the connection.
+    pub fn is_ended(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
     /// Runs `fut` unless the connection is ended first (`None`).
     pub async fn unless_ended<F: Future>(&self, fut: F) -> Option<F::Output> {
         tokio::select! {
@@ -189,19 +204,38 @@ fn allows(policy: &Policy, held: &Held, repos: Option<&[String]>) -> bool {
     }
 }
 
+/// What a request holds for as long as any of its bodies flows: its registration
+/// (so a sweep can end it) and its place under the sandbox's concurrency limit. Shared
+/// by the request body going up and the response body coming down, and released when
+/// both are done: an upload that outlives its response still counts and can be ended.
+pub struct Hold {
+    registration: Registration,
+    _permit: super::limits::Permit,
+}
+
+impl Hold {
+    pub fn new(registration: Registration, permit: super::limits::Permit) -> Arc<Hold> {
+        Arc::new(Hold { registration, _permit: permit })
+    }
+
+    pub fn registration(&self) -> &Registration {
+        &self.registration
+    }
+}
+
 /// A body (or any stream) that ends with an error once its registration is cancelled:
-/// how forwarded responses, git and API-route streams are cut by a sweep.
+/// how forwarded exchanges, git and API-route streams are cut by a sweep, both ways.
 pub struct Revocable<B> {
     inner: B,
-    /// Dropped with the body, which unregisters it.
-    _registration: Registration,
+    /// Dropped with the last body of the request, which unregisters it.
+    _hold: Arc<Hold>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl<B> Revocable<B> {
-    pub fn new(inner: B, registration: Registration) -> Self {
-        let cancelled = Box::pin(registration.cancel.clone().cancelled_owned());
-        Revocable { inner, _registration: registration, cancelled }
+    pub fn new(inner: B, hold: Arc<Hold>) -> Self {
+        let cancelled = Box::pin(hold.registration.cancel.clone().cancelled_owned());
+        Revocable { inner, _hold: hold, cancelled }
     }
 }
 

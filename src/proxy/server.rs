@@ -180,20 +180,26 @@ fn client_options_on_listener(listener: &TcpListener, keepalive: Duration) -> bo
 /// handshake when configured, then hyper until the connection closes or is upgraded.
 async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut stream = stream;
+    // A peer that is not a trusted proxy is held to its share before the PROXY header
+    // wait (up to header_read_timeout) too; a trusted proxy's clients are held to
+    // theirs once the header names them.
+    let cfg = &shared.config.proxy;
+    let early =
+        if cfg.proxy_protocol != ProxyProtocol::Off && !cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip())) {
+            match shared.admission.admit(peer.ip()) {
+                Some(p) => Some(p),
+                None => return refuse_over_share(stream, peer, None, &shared).await,
+            }
+        } else {
+            None
+        };
     if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
-        let Some(pending) = shared.admission.admit(conn.peer.ip()) else {
-            tracing::debug!(client_addr = %conn.peer, "connection refused: its address holds its unauthenticated share");
-            ::metrics::counter!(crate::metrics::PROXY_CONNECTIONS_REFUSED).increment(1);
-            let generation = shared.store.snapshot().generation;
-            let mut rec =
-                AccessRecord::with_vpce(Kind::Unparsed, "", String::new(), conn.peer, generation, conn.vpce.clone());
-            rec.reason = Some(DenyReason::LimitExceeded.code());
-            rec.status = 429;
-            rec.emit();
-            let bytes = respond::over_client_share_bytes();
-            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&bytes)).await;
-            let _ = stream.shutdown().await;
-            return;
+        let pending = match early {
+            Some(p) => p,
+            None => match shared.admission.admit(conn.peer.ip()) {
+                Some(p) => p,
+                None => return refuse_over_share(stream, conn.peer, conn.vpce.clone(), &shared).await,
+            },
         };
         conn.pending = Some(Arc::new(pending));
         conn.slot = Some(Arc::new(slot));
@@ -342,6 +348,21 @@ fn parser_refusal(e: &hyper::Error) -> Option<(DenyReason, u16)> {
         return Some((DenyReason::RequestTooLarge, status));
     }
     Some((DenyReason::BadRequest, 400))
+}
+
+/// Answers a connection from an address that holds its unauthenticated share with
+/// `429 limit_exceeded`, logs it, and closes it.
+async fn refuse_over_share(mut stream: TcpStream, client: SocketAddr, vpce: Option<String>, shared: &Shared) {
+    tracing::debug!(client_addr = %client, "connection refused: its address holds its unauthenticated share");
+    ::metrics::counter!(crate::metrics::PROXY_CONNECTIONS_REFUSED).increment(1);
+    let generation = shared.store.snapshot().generation;
+    let mut rec = AccessRecord::with_vpce(Kind::Unparsed, "", String::new(), client, generation, vpce);
+    rec.reason = Some(DenyReason::LimitExceeded.code());
+    rec.status = 429;
+    rec.emit();
+    let bytes = respond::over_client_share_bytes();
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&bytes)).await;
+    let _ = stream.shutdown().await;
 }
 
 /// Answers a connection over the limit with `503 limit_exceeded` and closes it.

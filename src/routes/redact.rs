@@ -21,6 +21,12 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
     if secret.is_empty() {
         return;
     }
+    // A header whose name holds the key (names are lowercase) goes whole.
+    let lower = secret.to_ascii_lowercase();
+    let named: Vec<http::HeaderName> = h.keys().filter(|n| n.as_str().contains(&lower)).cloned().collect();
+    for name in named {
+        h.remove(name);
+    }
     let mut unbuildable = Vec::new();
     for (name, v) in h.iter_mut() {
         let bytes = v.as_bytes();
@@ -149,7 +155,9 @@ mod tests {
         assert!(v.to_str().is_err(), "not visible ASCII");
         h.insert("x-echo", v);
         h.insert("x-plain", http::HeaderValue::from_static("key=sk-secret-123"));
+        h.insert("x-sk-secret-123", http::HeaderValue::from_static("1"));
         headers(&mut h, "sk-secret-123");
+        assert!(!h.contains_key("x-sk-secret-123"), "a header named after the key goes");
         assert_eq!(h["x-echo"].as_bytes(), b"\xe9 [REDACTED] \xff");
         assert_eq!(h["x-plain"], "key=[REDACTED]");
     }

@@ -221,6 +221,19 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
         return Response::new(full("slept"));
     }
+    if path == "/reason-echo" {
+        // Echoes the API key in the status line's reason phrase and in a header name.
+        let key = headers.iter().find(|(k, _)| k == "x-api-key").map(|(_, v)| v.clone()).unwrap_or_default();
+        let mut resp = Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .header(format!("x-{}", key.to_ascii_lowercase()).as_str(), "1")
+            .body(full("no"))
+            .expect("response");
+        if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(format!("bad key {key}")) {
+            resp.extensions_mut().insert(phrase);
+        }
+        return resp;
+    }
     if path == "/gzip-always" || path == "/gzip-if-asked" {
         // The request's headers as JSON, gzip-compressed (by the gzip program) always, or
         // only when the client accepts gzip.
