@@ -37,6 +37,14 @@ pub enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Ask the running gateway's admin listener for /healthz (or /readyz with --ready):
+    /// exit 0 on 200, 1 otherwise. For container health checks.
+    Health {
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        ready: bool,
+    },
     /// Sandbox token helpers.
     Token {
         #[command(subcommand)]

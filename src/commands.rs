@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod diff;
+pub mod health;
 pub mod lint;
 pub mod mint;
 pub mod replay;

@@ -29,6 +29,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { config, listen } => serve(config, listen),
         Command::Check(args) => report(|out| commands::check::run(&args, out)),
+        Command::Health { config, ready } => report(|out| commands::health::run(config.as_ref(), ready, out)),
         Command::Policy { command } => report(|out| match &command {
             PolicyCommand::Test { config, files } => commands::test_file::run(config.as_ref(), files, out),
             PolicyCommand::Lint { config, deny_warnings } => commands::lint::run(config.as_ref(), *deny_warnings, out),
