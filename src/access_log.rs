@@ -67,18 +67,25 @@ const MAX_RAW_TARGET: usize = 256;
 /// replaced by `[redacted]`. Over-redacting a refused target costs nothing.
 pub fn raw_target(s: &str) -> String {
     let start = s.find("://").map_or(0, |i| i + 3);
+    let (prefix, body) = s.split_at(start);
+    // The authority: after the scheme, or after an origin-form target's slashes.
+    let lead = body.len() - body.trim_start_matches('/').len();
+    let (slashes, after) = body.split_at(lead);
+    let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());
     let mut cleaned = String::with_capacity(s.len().min(MAX_RAW_TARGET) + 24);
-    let rest = match s[start..].rfind('@') {
-        Some(at) => {
-            cleaned.push_str(&s[..start]);
-            cleaned.push_str("[redacted]");
-            &s[start + at..]
-        }
-        None => &s[start..],
+    cleaned.push_str(prefix);
+    cleaned.push_str(slashes);
+    let rest = if let Some(at) = after.rfind('@') {
+        cleaned.push_str("[redacted]");
+        &after[at..]
+    } else if looks_like_credentials(&after[..authority_end]) {
+        // `user:pass` with the `@` gone (the URI parser drops a fragment, and a `#`
+        // in a password starts one): redact the whole authority.
+        cleaned.push_str("[redacted]");
+        &after[authority_end..]
+    } else {
+        after
     };
-    if start > 0 && cleaned.is_empty() {
-        cleaned.push_str(&s[..start]);
-    }
     let (rest, had_query) = match rest.find(['?', '#']) {
         Some(i) => (&rest[..i], true),
         None => (rest, false),
@@ -89,6 +96,11 @@ pub fn raw_target(s: &str) -> String {
         out.push_str("?[redacted]");
     }
     out
+}
+
+/// An authority whose text after its last `:` is not a port: `user:secret`.
+fn looks_like_credentials(authority: &str) -> bool {
+    authority.rsplit_once(':').is_some_and(|(_, tail)| !tail.is_empty() && !tail.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn bounded(s: &str) -> String {
@@ -244,9 +256,14 @@ mod tests {
         assert_eq!(raw_target("/path?key=sbx-a:TOKEN"), "/path?[redacted]");
         assert_eq!(raw_target("http://sbx-a:Ab3+/x9Q=@origin.test/"), "http://[redacted]@origin.test/");
         assert_eq!(raw_target("http://sbx-a:Ab3?x@origin.test/"), "http://[redacted]@origin.test/");
-        assert_eq!(raw_target("//sbx-a:TOK@origin.test/"), "[redacted]@origin.test/");
-        assert_eq!(raw_target("/github.test/sbx-a:TOK@acme/w.git"), "[redacted]@acme/w.git");
+        assert_eq!(raw_target("//sbx-a:TOK@origin.test/"), "//[redacted]@origin.test/");
+        assert_eq!(raw_target("/github.test/sbx-a:TOK@acme/w.git"), "/[redacted]@acme/w.git");
         assert_eq!(raw_target("http://host/plain"), "http://host/plain");
+        // What the URI parser leaves of `http://sbx-a:tok#X@origin.test/`.
+        assert_eq!(raw_target("http://sbx-a:tokA/"), "http://[redacted]/");
+        assert_eq!(raw_target("//sbx-a:SEC"), "//[redacted]");
+        assert_eq!(raw_target("*sbx-a:SECRET14"), "[redacted]");
+        assert_eq!(raw_target("origin.test:443"), "origin.test:443");
         assert_eq!(raw_target("http://host/#frag"), "http://host/?[redacted]");
         assert_eq!(raw_target("bad\u{7}host:1"), "bad?host:1");
         assert_eq!(raw_target(&"a".repeat(1000)).len(), MAX_RAW_TARGET);

@@ -106,7 +106,8 @@ impl Registration {
 }
 
 /// The hint of a request refused because a sweep ended it while it waited upstream.
-pub const ENDED_HINT: &str = "the connection was ended: its credential or policy no longer allows it";
+pub const ENDED_HINT: &str =
+    "the credential or policy changed while this request was being set up, and no longer allows it";
 
 impl Registry {
     /// Records a live connection authorized for `identity` to reach `held`; `cancel`

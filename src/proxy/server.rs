@@ -72,6 +72,11 @@ pub async fn serve(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             tracing::debug!(client_addr = %peer, "connection refused: proxy.max_connections reached");
             ::metrics::counter!(crate::metrics::PROXY_CONNECTIONS_REFUSED).increment(1);
+            let generation = shared.store.snapshot().generation;
+            let mut rec = AccessRecord::new(Kind::Unparsed, "", String::new(), peer, generation);
+            rec.reason = Some(DenyReason::LimitExceeded.code());
+            rec.status = 503;
+            rec.emit();
             shared.tasks.spawn(refuse(stream));
             continue;
         };
