@@ -56,6 +56,13 @@ impl World {
         self.ca.ca_pem_path.to_str().unwrap()
     }
 
+    /// Runs a Python `script` with the CA file and `url` as its arguments.
+    fn python(&self, script: &str, url: &str) -> Output {
+        let mut c = self.command("python3");
+        c.args(["-c", script, self.ca(), url]);
+        run(c, "python3 (with requests: pip install requests)")
+    }
+
     /// A command with the proxy in the environment, as a sandbox would set it, and no
     /// other proxy settings.
     fn command(&self, program: &str) -> Command {
@@ -184,13 +191,9 @@ except Exception as e:
     print("ERROR", e)
     sys.exit(1)
 "#;
-    let mut c = w.command("python3");
-    c.args(["-c", script, w.ca(), &w.allowed("/hello.txt")]);
-    let out = run(c, "python3");
+    let out = w.python(script, &w.allowed("/hello.txt"));
     assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
-    let mut c = w.command("python3");
-    c.args(["-c", script, w.ca(), &w.denied("/hello.txt")]);
-    let out = run(c, "python3");
+    let out = w.python(script, &w.denied("/hello.txt"));
     assert!(!out.status.success());
     let text = both(&out);
     assert!(text.contains("Tunnel connection failed: 403"), "{text}");
@@ -209,13 +212,9 @@ except Exception as e:
     print("ERROR", e)
     sys.exit(1)
 "#;
-    let mut c = w.command("python3");
-    c.args(["-c", script, w.ca(), &w.allowed("/hello.txt")]);
-    let out = run(c, "python3 with requests (pip install requests)");
+    let out = w.python(script, &w.allowed("/hello.txt"));
     assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
-    let mut c = w.command("python3");
-    c.args(["-c", script, w.ca(), &w.denied("/hello.txt")]);
-    let out = run(c, "python3 with requests");
+    let out = w.python(script, &w.denied("/hello.txt"));
     assert!(!out.status.success());
     assert_reason_visible(&both(&out), "requests");
 }
