@@ -220,6 +220,73 @@ except Exception as e:
 }
 
 #[test]
+fn python_httpx_fetches_and_shows_the_reason() {
+    let w = World::new();
+    let script = r#"
+import sys, httpx
+try:
+    r = httpx.get(sys.argv[2], verify=sys.argv[1], timeout=20)
+    print(r.status_code, r.text)
+except Exception as e:
+    print("ERROR", repr(e))
+    sys.exit(1)
+"#;
+    let out = w.python(script, &w.allowed("/hello.txt"));
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let out = w.python(script, &w.denied("/hello.txt"));
+    assert!(!out.status.success());
+    assert_reason_visible(&both(&out), "httpx");
+}
+
+#[test]
+fn python_aiohttp_fetches_and_shows_the_reason() {
+    let w = World::new();
+    // aiohttp reads the proxy from the environment only with trust_env.
+    let script = r#"
+import asyncio, ssl, sys, aiohttp
+async def main():
+    ctx = ssl.create_default_context(cafile=sys.argv[1])
+    async with aiohttp.ClientSession(trust_env=True) as s:
+        async with s.get(sys.argv[2], ssl=ctx) as r:
+            print(r.status, await r.text())
+try:
+    asyncio.run(main())
+except Exception as e:
+    print("ERROR", repr(e))
+    sys.exit(1)
+"#;
+    let out = w.python(script, &w.allowed("/hello.txt"));
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let out = w.python(script, &w.denied("/hello.txt"));
+    assert!(!out.status.success());
+    assert_reason_visible(&both(&out), "aiohttp");
+}
+
+#[test]
+fn uv_downloads_from_an_index_and_reports_the_refusal() {
+    let w = World::new();
+    let uv = |index: String, target: &Path| {
+        let mut c = w.command("uv");
+        c.args(["pip", "install", "--no-cache", "--no-deps", "--target"])
+            .arg(target)
+            .args(["--index-url", &index, "six==1.16.0"])
+            .env("SSL_CERT_FILE", w.ca())
+            .env("UV_HTTP_TIMEOUT", "20")
+            .env("UV_HTTP_RETRIES", "0")
+            .env("UV_NO_CONFIG", "1");
+        run(c, "uv (pip install uv)")
+    };
+    let (ok, refused) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = uv(w.allowed("/simple/"), ok.path());
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(ok.path().join("six.py").exists(), "{}", both(&out));
+    let out = uv(w.denied("/simple/"), refused.path());
+    assert!(!out.status.success());
+    // uv (reqwest) says only that the tunnel failed, not how.
+    assert!(both(&out).contains("tunnel error"), "{}", both(&out));
+}
+
+#[test]
 fn pip_downloads_from_an_index_and_shows_the_reason() {
     let w = World::new();
     let dest = tempfile::tempdir().unwrap();
