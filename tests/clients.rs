@@ -112,6 +112,30 @@ fn assert_reason_visible(out: &str, client: &str) {
     assert!(out.contains("host_not_allowed"), "{client} does not show the reason:\n{out}");
 }
 
+/// An npm registry stand-in: the packument of `is-number` (one version, 7.0.0) and its
+/// tarball, built here. `base` is the registry's URL, for the tarball's address.
+fn npm_registry(root: &Path, base: &str) {
+    let script = r#"
+import base64, hashlib, io, json, sys, tarfile
+root, base = sys.argv[1], sys.argv[2]
+pkg = {"name": "is-number", "version": "7.0.0", "main": "index.js"}
+files = {"package/package.json": json.dumps(pkg).encode(), "package/index.js": b"module.exports = n => typeof n === 'number';\n"}
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for name, data in files.items():
+        info = tarfile.TarInfo(name); info.size = len(data); info.mode = 0o644
+        t.addfile(info, io.BytesIO(data))
+tgz = buf.getvalue()
+open(f"{root}/is-number-7.0.0.tgz", "wb").write(tgz)
+dist = {"tarball": f"{base}/is-number-7.0.0.tgz", "shasum": hashlib.sha1(tgz).hexdigest(),
+        "integrity": "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode()}
+doc = {"name": "is-number", "dist-tags": {"latest": "7.0.0"}, "versions": {"7.0.0": dict(pkg, dist=dist)}}
+open(f"{root}/is-number", "w").write(json.dumps(doc))
+"#;
+    let out = Command::new("python3").args(["-c", script]).arg(root).arg(base).output().unwrap();
+    assert!(out.status.success(), "{}", both(&out));
+}
+
 /// A PEP 503 simple index with one tiny wheel, `six` 1.16.0, built here.
 fn python_index(root: &Path) {
     std::fs::create_dir_all(root.join("simple/six")).unwrap();
@@ -444,6 +468,182 @@ fetch(process.env.TARGET_URL, { dispatcher: agent })
     assert!(!out.status.success());
     assert!(both(&out).contains("403"), "{}", both(&out));
 }
+
+#[test]
+fn npm_installs_from_a_registry_and_reports_the_refusal() {
+    let w = World::new();
+    npm_registry(w.root.path(), &w.allowed(""));
+    let npm = |registry: String| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = w.command("npm");
+        c.current_dir(dir.path())
+            .args(["install", "--no-audit", "--no-fund", "--no-save", "--fetch-retries", "0", "--registry", &registry])
+            .args(["--cafile", w.ca(), "--https-proxy", &w.proxy(), "is-number@7.0.0"])
+            .env("npm_config_cache", dir.path().join("cache"))
+            .env("npm_config_userconfig", dir.path().join("npmrc"));
+        let out = run(c, "npm");
+        (out, dir)
+    };
+    let (out, dir) = npm(w.allowed("/"));
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(dir.path().join("node_modules/is-number/index.js").exists(), "{}", both(&out));
+    let (out, _dir) = npm(w.denied("/"));
+    assert!(!out.status.success());
+    assert!(both(&out).contains("403"), "{}", both(&out));
+}
+
+/// apt with `Acquire::http::Proxy`, an `http://` repository (so the forwarding path,
+/// not a tunnel): a flat repository with an empty package list.
+#[test]
+fn apt_get_updates_from_an_http_repository_and_shows_the_reason() {
+    let w = World::new();
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("Packages"), "").unwrap();
+    let script = r#"
+import hashlib, sys
+d = open(sys.argv[1] + "/Packages", "rb").read()
+r = "Origin: test\nLabel: test\nSuite: stable\nCodename: stable\nArchitectures: amd64 all\nDate: Tue, 01 Dec 2026 00:00:00 UTC\n"
+r += "MD5Sum:\n %s %d Packages\nSHA256:\n %s %d Packages\n" % (hashlib.md5(d).hexdigest(), len(d), hashlib.sha256(d).hexdigest(), len(d))
+open(sys.argv[1] + "/Release", "w").write(r)
+"#;
+    assert!(Command::new("python3").args(["-c", script]).arg(repo.path()).status().unwrap().success());
+    let server = StaticServer::http(repo.path());
+    let apt = |host: &str| {
+        let state = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(state.path().join("lists/partial")).unwrap();
+        std::fs::create_dir_all(state.path().join("cache/archives/partial")).unwrap();
+        let sources = state.path().join("sources.list");
+        std::fs::write(&sources, format!("deb [trusted=yes] http://{host}:{}/ ./\n", server.port)).unwrap();
+        let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
+        let mut c = w.command("apt-get");
+        c.arg("update")
+            .args(["-o", &opt("Dir::Etc::sourcelist", &sources), "-o", "Dir::Etc::sourceparts=-"])
+            .args(["-o", &opt("Dir::State::Lists", &state.path().join("lists"))])
+            .args(["-o", &opt("Dir::Cache", &state.path().join("cache"))])
+            .args(["-o", "APT::Get::List-Cleanup=0", "-o", "Debug::NoLocking=1", "-o", "Acquire::Retries=0"])
+            .args(["-o", &format!("Acquire::http::Proxy={}", w.proxy())]);
+        run(c, "apt-get")
+    };
+    let out = apt("tls.test");
+    let text = both(&out);
+    assert!(out.status.success() && !text.contains("E: "), "{text}");
+    let out = apt("b-only.test");
+    let text = both(&out);
+    assert!(text.contains("403"), "{text}");
+    assert_reason_visible(&text, "apt-get");
+}
+
+/// cargo with `CARGO_HTTP_PROXY`, fetching from a sparse registry stand-in: the index
+/// file and the `.crate` of `egress-demo` 1.0.0, built here.
+#[test]
+fn cargo_fetches_from_a_sparse_registry_and_reports_the_refusal() {
+    let w = World::new();
+    let script = r#"
+import hashlib, io, json, os, sys, tarfile
+root, dl = sys.argv[1], sys.argv[2]
+files = {"egress-demo-1.0.0/Cargo.toml": b'[package]\nname = "egress-demo"\nversion = "1.0.0"\nedition = "2021"\n',
+         "egress-demo-1.0.0/src/lib.rs": b"pub fn hi() {}\n"}
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for name, data in files.items():
+        info = tarfile.TarInfo(name); info.size = len(data); info.mode = 0o644
+        t.addfile(info, io.BytesIO(data))
+crate = buf.getvalue()
+os.makedirs(f"{root}/index/eg/re", exist_ok=True)
+os.makedirs(f"{root}/crates", exist_ok=True)
+open(f"{root}/crates/egress-demo-1.0.0.crate", "wb").write(crate)
+line = {"name": "egress-demo", "vers": "1.0.0", "deps": [], "cksum": hashlib.sha256(crate).hexdigest(), "features": {}, "yanked": False}
+open(f"{root}/index/eg/re/egress-demo", "w").write(json.dumps(line) + "\n")
+open(f"{root}/index/config.json", "w").write(json.dumps({"dl": dl + "/crates/{crate}-{version}.crate"}))
+"#;
+    let built = Command::new("python3").args(["-c", script]).arg(w.root.path()).arg(w.allowed("")).output().unwrap();
+    assert!(built.status.success(), "{}", both(&built));
+    let cargo = |registry: String| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        std::fs::write(dir.path().join("src/lib.rs"), "").unwrap();
+        std::fs::write(
+            dir.path().join("Cargo.toml"),
+            "[package]\nname = \"probe\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\negress-demo = { version = \"1\", registry = \"local\" }\n",
+        )
+        .unwrap();
+        let mut c = w.command("cargo");
+        c.current_dir(dir.path())
+            .args(["fetch"])
+            .env("CARGO_HOME", dir.path().join("cargo-home"))
+            .env("CARGO_REGISTRIES_LOCAL_INDEX", format!("sparse+{registry}/index/"))
+            .env("CARGO_HTTP_PROXY", w.proxy())
+            .env("CARGO_HTTP_CAINFO", w.ca())
+            .env("CARGO_NET_RETRY", "0")
+            .env_remove("CARGO_TARGET_DIR");
+        let out = run(c, "cargo");
+        (out, dir)
+    };
+    let (out, dir) = cargo(w.allowed(""));
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(dir.path().join("Cargo.lock").exists());
+    let (out, _dir) = cargo(w.denied(""));
+    assert!(!out.status.success());
+    assert!(both(&out).contains("403"), "{}", both(&out));
+}
+
+/// Go's net/http with its default transport (`HTTPS_PROXY` from the environment).
+#[test]
+fn go_net_http_fetches_and_shows_the_reason() {
+    let w = World::new();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("fetch.go");
+    std::fs::write(&src, GO_FETCH).unwrap();
+    let go = |url: String| {
+        let mut c = w.command("go");
+        c.current_dir(dir.path())
+            .arg("run")
+            .arg(&src)
+            .args([w.ca(), &url])
+            .env("GOCACHE", dir.path().join("gocache"))
+            .env("GOPATH", dir.path().join("gopath"))
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOTOOLCHAIN", "local");
+        run(c, "go (Debian golang-go)")
+    };
+    let out = go(w.allowed("/hello.txt"));
+    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
+    let out = go(w.denied("/hello.txt"));
+    assert!(!out.status.success());
+    assert_reason_visible(&both(&out), "Go net/http");
+}
+
+const GO_FETCH: &str = r#"
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+)
+
+func main() {
+	pem, err := os.ReadFile(os.Args[1])
+	if err != nil {
+		panic(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool}
+	resp, err := (&http.Client{Transport: tr}).Get(os.Args[2])
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body))
+}
+"#;
 
 /// Where `.ci/run` installs the npm packages the matrix uses (`undici`).
 fn node_modules() -> PathBuf {
