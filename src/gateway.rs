@@ -79,9 +79,10 @@ pub fn build_shared(
         config.proxy.sandbox_max_concurrent,
         config.proxy.sandbox_max_per_second,
     );
-    let admission = Arc::new(crate::proxy::admission::Admission::new(
+    let admission = Arc::new(crate::proxy::admission::Admission::with_sandbox_cap(
         config.proxy.max_unauthenticated_per_client,
         config.proxy.auth_failures_per_second,
+        config.proxy.sandbox_max_connections,
     ));
     Ok(Arc::new(Shared {
         store: Store::new(loaded),

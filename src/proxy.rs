@@ -208,16 +208,19 @@ pub fn within_failure_budget(
 }
 
 impl ConnInfo {
-    /// A request on this connection was authorized (identity, policy and limits): the
-    /// connection no longer counts against its address's unauthenticated share. A
-    /// request the policy refuses does not count: refused requests cost nothing and
-    /// would otherwise let one sandbox hold connections for free.
-    pub fn authorized(&self) {
-        if let Some(p) = &self.pending {
-            p.authenticated();
-        }
+    /// A request on this connection was authorized (identity, policy and limits) for
+    /// `sandbox`: the connection no longer counts against its address's unauthenticated
+    /// share, and counts for the sandbox instead. A request the policy refuses does not
+    /// count: refused requests cost nothing and would otherwise let one sandbox hold
+    /// connections for free. `false`: the sandbox holds its share of connections.
+    pub fn authorized(&self, sandbox: &str) -> bool {
+        self.pending.as_ref().is_none_or(|p| p.authorized(sandbox))
     }
 }
+
+/// The hint of a request refused because its sandbox holds its share of connections.
+pub const SANDBOX_CONNECTIONS_HINT: &str = "this sandbox holds proxy.sandbox_max_connections open connections; \
+                                            reuse them, or close some";
 
 /// Holds an identity to the connection it came on: a sandbox bound to VPC endpoints
 /// must come through one of them, and with mutual TLS the client certificate's CN
@@ -273,7 +276,9 @@ fn authorize(
         Ok(p) => p,
         Err(e) => return Err(Box::new(reject(rec, DenyReason::LimitExceeded, &e.to_string()))),
     };
-    conn.authorized();
+    if !conn.authorized(&identity.sandbox) {
+        return Err(Box::new(reject(rec, DenyReason::LimitExceeded, SANDBOX_CONNECTIONS_HINT)));
+    }
     Ok(Authorized { identity, permit })
 }
 

@@ -172,7 +172,9 @@ pub async fn handle(
         );
     };
 
-    conn.authorized();
+    if !conn.authorized(&identity.sandbox) {
+        return finish(&mut rec, DenyReason::LimitExceeded, None, crate::proxy::SANDBOX_CONNECTIONS_HINT, entry);
+    }
     let registration =
         shared.tunnels.register(&identity, Held::Route(route.name.clone()), shared.hard_stop.child_token());
     let hold = Hold::new(registration, permit);

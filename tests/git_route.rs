@@ -405,7 +405,11 @@ fn large_blobs_stream_without_growing_the_gateway() {
     ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "big"]));
     let after = hwm();
     assert_eq!(std::fs::metadata(work.path().join("big/big.bin")).unwrap().len(), 50 * 1024 * 1024);
-    assert!(after - before < 20 * 1024, "gateway peak memory grew by {} KiB for a 50 MB clone", after - before);
+    // VmHWM folds in the current RSS as it is read, and the allocator returning pages
+    // (madvise) lowers that without updating the recorded peak: a later reading can be
+    // lower. Only growth counts.
+    let grew = after.saturating_sub(before);
+    assert!(grew < 20 * 1024, "gateway peak memory grew by {grew} KiB for a 50 MB clone");
 }
 
 #[test]

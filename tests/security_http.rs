@@ -294,3 +294,47 @@ fn one_address_cannot_starve_others_before_authenticating() {
     assert_eq!(out.status, 200, "other addresses keep their budget: {out:?}");
     drop(idle);
 }
+
+/// Authorized connections count for their sandbox: one sandbox holding its share of
+/// keep-alive connections gets `429` for more, and another sandbox is served.
+#[test]
+fn one_sandbox_cannot_hold_every_connection() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG
+        .replace("header_read_timeout = \"2s\"", "header_read_timeout = \"20s\"\nsandbox_max_connections = 4");
+    let gw = TestGateway::start(&config, &standard_policy());
+    let get = |s: &mut std::net::TcpStream, user: &str, token: &str, host: &str| {
+        let req = format!(
+            "GET http://{host}:{}/echo HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: {}\r\n\r\n",
+            origin.port(),
+            basic(user, token)
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        read_response(s)
+    };
+    let mut held: Vec<std::net::TcpStream> = Vec::new();
+    for i in 0..4 {
+        let mut s = raw::connect(gw.addr);
+        assert_eq!(status(&get(&mut s, "sbx-a", TOKEN_A, "origin.test")), 200, "connection {i}");
+        held.push(s);
+    }
+    // The same connections keep serving; a fifth is refused.
+    assert_eq!(status(&get(&mut held[0], "sbx-a", TOKEN_A, "origin.test")), 200);
+    let mut fifth = raw::connect(gw.addr);
+    let resp = get(&mut fifth, "sbx-a", TOKEN_A, "origin.test");
+    assert_eq!(status(&resp), 429, "{resp}");
+    assert!(resp.contains("sandbox_max_connections"), "{resp}");
+    let mut other = raw::connect(gw.addr);
+    assert_eq!(status(&get(&mut other, "sbx-b", support::TOKEN_B, "b-only.test")), 200, "another sandbox is served");
+    // A closed connection frees its place.
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut s = raw::connect(gw.addr);
+        if status(&get(&mut s, "sbx-a", TOKEN_A, "origin.test")) == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the place of a closed connection is never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

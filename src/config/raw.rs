@@ -173,6 +173,9 @@ pub struct RawProxy {
     pub max_unauthenticated_per_client: Option<usize>,
     /// Failed authentications per second one client address may make; 0: no limit.
     pub auth_failures_per_second: u32,
+    /// Connections one sandbox may hold once authorized; unset: a sixteenth of
+    /// max_connections (at least 16); 0: no cap.
+    pub sandbox_max_connections: Option<usize>,
     /// Accept threads, each with its own runtime; 0: one per CPU.
     pub threads: usize,
     pub max_header_bytes: usize,
@@ -211,6 +214,7 @@ impl Default for RawProxy {
             max_connections: 10_000,
             max_unauthenticated_per_client: None,
             auth_failures_per_second: 10,
+            sandbox_max_connections: None,
             threads: 0,
             max_header_bytes: 32 * 1024,
             max_headers: 100,

@@ -129,6 +129,8 @@ pub struct ProxyConfig {
     pub max_unauthenticated_per_client: usize,
     /// Failed authentications per second per client address (0: no limit).
     pub auth_failures_per_second: u32,
+    /// Connections one sandbox may hold once authorized (0: no cap).
+    pub sandbox_max_connections: usize,
     /// Threads serving the proxy port, each running its own single-threaded runtime.
     pub threads: usize,
     pub max_header_bytes: usize,
@@ -335,6 +337,7 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
             .max_unauthenticated_per_client
             .unwrap_or_else(|| (p.max_connections / 4).clamp(4, 256)),
         auth_failures_per_second: p.auth_failures_per_second,
+        sandbox_max_connections: p.sandbox_max_connections.unwrap_or_else(|| (p.max_connections / 16).max(16)),
         threads: match p.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n if n > MAX_PROXY_THREADS => {

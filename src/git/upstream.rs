@@ -109,7 +109,9 @@ pub async fn handle(
         Ok(p) => p,
         Err(e) => return finish(&mut rec, DenyReason::LimitExceeded, None, &e.to_string(), entry),
     };
-    conn.authorized();
+    if !conn.authorized(&identity.sandbox) {
+        return finish(&mut rec, DenyReason::LimitExceeded, None, crate::proxy::SANDBOX_CONNECTIONS_HINT, entry);
+    }
     // Registered before any of the body is read: a push whose command list trickles in
     // is ended by a reload that revokes its credential like any open connection.
     let held = Held::Git { repo: git.full_name(), write, refs: Vec::new() };

@@ -3,7 +3,9 @@
 //! without having authenticated (so idle sockets from one address cannot take all of
 //! `proxy.max_connections`), and at most `proxy.auth_failures_per_second` failed
 //! authentications per address (beyond that the credential is not even checked:
-//! `429 limit_exceeded` with `Retry-After`).
+//! `429 limit_exceeded` with `Retry-After`). Once authorized, a connection counts for
+//! its sandbox: at most `proxy.sandbox_max_connections` each, so one sandbox's idle
+//! keep-alive connections cannot take all of `proxy.max_connections` either.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -27,6 +29,9 @@ pub struct Admission {
     max_pending: usize,
     failures_per_second: f64,
     clients: Mutex<HashMap<IpAddr, Client>>,
+    /// Connections one sandbox may hold once authorized (0: no cap).
+    max_per_sandbox: usize,
+    sandboxes: Mutex<HashMap<String, usize>>,
 }
 
 /// A connection that has not authenticated yet; counts against its address until it
@@ -35,6 +40,8 @@ pub struct Pending {
     admission: Arc<Admission>,
     ip: IpAddr,
     done: AtomicBool,
+    /// The sandbox this connection counts for, once a request on it is authorized.
+    sandbox: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -52,9 +59,32 @@ impl Pending {
     }
 }
 
+impl Pending {
+    /// A request for `sandbox` was authorized on this connection: it stops counting as
+    /// unauthenticated and starts counting for the sandbox. `false` when the sandbox
+    /// already holds `proxy.sandbox_max_connections` connections (the request is then
+    /// refused; the connection stays unauthenticated).
+    pub fn authorized(&self, sandbox: &str) -> bool {
+        let mut counted = self.sandbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if counted.is_none() {
+            if !self.admission.take_sandbox_slot(sandbox) {
+                return false;
+            }
+            *counted = Some(sandbox.to_string());
+        }
+        drop(counted);
+        self.authenticated();
+        true
+    }
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         self.authenticated();
+        let counted = self.sandbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(sandbox) = counted {
+            self.admission.release_sandbox_slot(&sandbox);
+        }
     }
 }
 
@@ -62,7 +92,44 @@ impl Admission {
     /// `max_pending` 0 disables the per-address cap; `failures_per_second` 0 disables
     /// the failure rate.
     pub fn new(max_pending: usize, failures_per_second: u32) -> Admission {
-        Admission { max_pending, failures_per_second: f64::from(failures_per_second), clients: Mutex::default() }
+        Self::with_sandbox_cap(max_pending, failures_per_second, 0)
+    }
+
+    /// With `max_per_sandbox` connections at most per authorized sandbox (0: no cap).
+    pub fn with_sandbox_cap(max_pending: usize, failures_per_second: u32, max_per_sandbox: usize) -> Admission {
+        Admission {
+            max_pending,
+            failures_per_second: f64::from(failures_per_second),
+            clients: Mutex::default(),
+            max_per_sandbox,
+            sandboxes: Mutex::default(),
+        }
+    }
+
+    fn take_sandbox_slot(&self, sandbox: &str) -> bool {
+        if self.max_per_sandbox == 0 {
+            return true;
+        }
+        let mut s = self.sandboxes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = s.entry(sandbox.to_string()).or_insert(0);
+        if *n >= self.max_per_sandbox {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release_sandbox_slot(&self, sandbox: &str) {
+        if self.max_per_sandbox == 0 {
+            return;
+        }
+        let mut s = self.sandboxes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = s.get_mut(sandbox) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                s.remove(sandbox);
+            }
+        }
     }
 
     fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Client>> {
@@ -88,7 +155,12 @@ impl Admission {
             }
             c.pending += 1;
         }
-        Some(Pending { admission: self.clone(), ip, done: AtomicBool::new(self.max_pending == 0) })
+        Some(Pending {
+            admission: self.clone(),
+            ip,
+            done: AtomicBool::new(self.max_pending == 0),
+            sandbox: Mutex::new(None),
+        })
     }
 
     fn release(&self, ip: IpAddr) {
@@ -171,6 +243,20 @@ mod tests {
         drop(third);
         drop(first);
         assert!(a.clients().is_empty(), "nothing is remembered once all closed");
+    }
+
+    #[test]
+    fn one_sandbox_holds_at_most_its_connections() {
+        let a = Arc::new(Admission::with_sandbox_cap(0, 0, 2));
+        let ip: IpAddr = [10, 0, 0, 1].into();
+        let (c1, c2, c3) = (a.admit(ip).unwrap(), a.admit(ip).unwrap(), a.admit(ip).unwrap());
+        assert!(c1.authorized("s") && c1.authorized("s"), "a connection counts once");
+        assert!(c2.authorized("s"));
+        assert!(!c3.authorized("s"), "a third connection for the sandbox");
+        assert!(c3.authorized("other"), "another sandbox is not affected");
+        drop(c1);
+        let c4 = a.admit(ip).unwrap();
+        assert!(c4.authorized("s"), "a closed connection frees its place");
     }
 
     #[test]
