@@ -63,6 +63,19 @@ impl World {
         run(c, "python3 (with requests: pip install requests)")
     }
 
+    /// Runs a Python client `script` for the allowed URL (it must print the origin's
+    /// answer) and for the denied one (it must fail and show the reason); returns what
+    /// the denied run printed.
+    fn python_allowed_and_denied(&self, script: &str, client: &str) -> String {
+        let out = self.python(script, &self.allowed("/hello.txt"));
+        assert!(out.status.success() && both(&out).contains(HELLO), "{client}: {}", both(&out));
+        let out = self.python(script, &self.denied("/hello.txt"));
+        assert!(!out.status.success(), "{client}: {}", both(&out));
+        let text = both(&out);
+        assert_reason_visible(&text, client);
+        text
+    }
+
     /// A command with the proxy in the environment, as a sandbox would set it, and no
     /// other proxy settings.
     fn command(&self, program: &str) -> Command {
@@ -215,13 +228,8 @@ except Exception as e:
     print("ERROR", e)
     sys.exit(1)
 "#;
-    let out = w.python(script, &w.allowed("/hello.txt"));
-    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
-    let out = w.python(script, &w.denied("/hello.txt"));
-    assert!(!out.status.success());
-    let text = both(&out);
+    let text = w.python_allowed_and_denied(script, "urllib");
     assert!(text.contains("Tunnel connection failed: 403"), "{text}");
-    assert_reason_visible(&text, "urllib");
 }
 
 #[test]
@@ -236,11 +244,7 @@ except Exception as e:
     print("ERROR", e)
     sys.exit(1)
 "#;
-    let out = w.python(script, &w.allowed("/hello.txt"));
-    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
-    let out = w.python(script, &w.denied("/hello.txt"));
-    assert!(!out.status.success());
-    assert_reason_visible(&both(&out), "requests");
+    w.python_allowed_and_denied(script, "requests");
 }
 
 #[test]
@@ -255,11 +259,7 @@ except Exception as e:
     print("ERROR", repr(e))
     sys.exit(1)
 "#;
-    let out = w.python(script, &w.allowed("/hello.txt"));
-    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
-    let out = w.python(script, &w.denied("/hello.txt"));
-    assert!(!out.status.success());
-    assert_reason_visible(&both(&out), "httpx");
+    w.python_allowed_and_denied(script, "httpx");
 }
 
 #[test]
@@ -279,11 +279,7 @@ except Exception as e:
     print("ERROR", repr(e))
     sys.exit(1)
 "#;
-    let out = w.python(script, &w.allowed("/hello.txt"));
-    assert!(out.status.success() && both(&out).contains(HELLO), "{}", both(&out));
-    let out = w.python(script, &w.denied("/hello.txt"));
-    assert!(!out.status.success());
-    assert_reason_visible(&both(&out), "aiohttp");
+    w.python_allowed_and_denied(script, "aiohttp");
 }
 
 #[test]
