@@ -6,29 +6,9 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-/// The `tracing` target of access-log events.
-pub const TARGET: &str = "access";
+use crate::policy::Outcome;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Connect,
-    Forward,
-    Git,
-    /// A request the HTTP parser refused before the gateway saw it: no method, target
-    /// or sandbox is known.
-    Unparsed,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Connect => "connect",
-            Kind::Forward => "forward",
-            Kind::Git => "git",
-            Kind::Unparsed => "unparsed",
-        }
-    }
-}
+pub use crate::telemetry::{ACCESS_TARGET as TARGET, Kind};
 
 #[derive(Debug, Clone)]
 pub struct AccessRecord {
@@ -41,7 +21,7 @@ pub struct AccessRecord {
     pub sandbox: Option<String>,
     pub policy: Option<String>,
     pub policy_generation: u64,
-    pub decision: &'static str,
+    pub decision: Outcome,
     pub reason: Option<&'static str>,
     pub rule: Option<String>,
     pub upstream_addr: Option<SocketAddr>,
@@ -50,7 +30,7 @@ pub struct AccessRecord {
     pub bytes_down: u64,
     pub vpce: Option<String>,
     /// Set only when the shadow policies decide differently.
-    pub shadow_decision: Option<&'static str>,
+    pub shadow_decision: Option<Outcome>,
 }
 
 /// `None` for an empty string: an unparsed request has no method or target to log.
@@ -133,7 +113,7 @@ impl AccessRecord {
             sandbox: None,
             policy: None,
             policy_generation: generation,
-            decision: "deny",
+            decision: Outcome::Deny,
             reason: None,
             rule: None,
             upstream_addr: None,
@@ -151,7 +131,7 @@ impl AccessRecord {
         let elapsed = self.started.elapsed();
         crate::metrics::record_request(self.kind, self.decision, self.bytes_up, self.bytes_down, elapsed);
         if let Some(reason) = self.reason
-            && self.decision != "allow"
+            && self.decision != Outcome::Allow
         {
             metrics::counter!(crate::metrics::PROXY_DENIALS, "reason" => reason).increment(1);
         }
@@ -169,7 +149,7 @@ impl AccessRecord {
             kind = self.kind.as_str(),
             method = non_empty(&self.method),
             target = non_empty(&self.target),
-            decision = self.decision,
+            decision = self.decision.as_str(),
             reason = self.reason,
             rule = self.rule.as_deref(),
             policy = self.policy.as_deref(),
@@ -181,7 +161,7 @@ impl AccessRecord {
             duration_ms,
             client_addr = %self.client_addr,
             vpce = self.vpce.as_deref(),
-            shadow_decision = self.shadow_decision,
+            shadow_decision = self.shadow_decision.map(Outcome::as_str),
         );
     }
 
@@ -195,7 +175,7 @@ impl AccessRecord {
         field_str(w, "kind", self.kind.as_str())?;
         opt(w, "method", non_empty(&self.method))?;
         opt(w, "target", non_empty(&self.target))?;
-        field_str(w, "decision", self.decision)?;
+        field_str(w, "decision", self.decision.as_str())?;
         opt(w, "reason", self.reason)?;
         opt(w, "rule", self.rule.as_deref())?;
         opt(w, "policy", self.policy.as_deref())?;
@@ -209,7 +189,7 @@ impl AccessRecord {
         field_u64(w, "duration_ms", duration_ms)?;
         field_display(w, "client_addr", self.client_addr)?;
         opt(w, "vpce", self.vpce.as_deref())?;
-        opt(w, "shadow_decision", self.shadow_decision)
+        opt(w, "shadow_decision", self.shadow_decision.map(Outcome::as_str))
     }
 }
 
@@ -232,7 +212,7 @@ mod tests {
         rec.upstream_addr = Some("[::1]:80".parse().unwrap_or_else(|e| panic!("{e}")));
         rec.status = 200;
         rec.bytes_down = 12;
-        rec.decision = "allow";
+        rec.decision = Outcome::Allow;
 
         let mut direct = String::from("{\"ts\":\"x\",\"log\":\"access\"");
         rec.write_json_fields(&mut direct, 3).unwrap_or_else(|e| panic!("{e}"));

@@ -60,11 +60,15 @@ pub struct CheckArgs {
     /// The sandbox id.
     #[arg(long)]
     pub sandbox: String,
-    /// host:port, a URL (https://pypi.org/simple/), or a git URL (https://github.com/OWNER/REPO.git).
+    /// host:port, a URL (https://pypi.org/simple/), a git URL (https://github.com/OWNER/REPO.git),
+    /// or an API route request (route:NAME/PATH).
     pub target: String,
     /// Check a push of this ref (git URLs only), e.g. refs/heads/agent/x.
     #[arg(long)]
     pub push: Option<String>,
+    /// The method of a route:NAME/PATH request (default GET).
+    #[arg(long)]
+    pub method: Option<String>,
     /// Also resolve the name with the gateway's resolver and vet each address.
     #[arg(long)]
     pub resolve: bool,

@@ -127,7 +127,7 @@ pub fn proxy_protocol(data: &[u8]) {
 /// The git path grammar: accepted requests are well formed and their upstream path
 /// parses back to the same request.
 pub fn git_route(data: &[u8]) {
-    use crate::git::route;
+    use crate::git::path as route;
     let Some(s) = text(data) else { return };
     let (method, rest) = s.split_once(' ').unwrap_or(("GET", s));
     let (path, query) = match rest.split_once('?') {

@@ -14,8 +14,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Admin};
 use crate::config::{Config, ConfigError};
+use crate::dial::VettingConnector;
 use crate::dns::DnsServer;
-use crate::proxy::{self, Shared, upstream::VettingConnector};
+use crate::door::Door;
+use crate::proxy::{self, Shared};
 use crate::reload::Store;
 use crate::resolve::Resolver;
 
@@ -24,11 +26,11 @@ use crate::resolve::Resolver;
 fn upstream_routes(
     config: &Config,
     resolver: &Arc<Resolver>,
-) -> Result<(crate::git::upstream::GitRoute, crate::routes::Routes), GatewayError> {
+) -> Result<(crate::git::handler::GitRoute, crate::routes::Routes), GatewayError> {
     let gh = &config.github;
-    let tls = crate::upstream_tls::client_config(gh.ca_file.as_deref())
+    let tls = crate::https_client::client_config(gh.ca_file.as_deref())
         .map_err(|e| GatewayError::Github(format!("github.ca_file: {e}")))?;
-    let connector = crate::upstream_tls::HttpsConnector::new(resolver.clone(), tls);
+    let connector = crate::https_client::HttpsConnector::new(resolver.clone(), tls);
     let credentials = crate::git::credentials::Credentials::new(gh, connector.clone()).map_err(GatewayError::Github)?;
     let client = || {
         Client::builder(TokioExecutor::new())
@@ -37,8 +39,8 @@ fn upstream_routes(
             .set_host(true)
             .build(connector.clone())
     };
-    let routes = crate::routes::Routes::new(&config.routes, client());
-    Ok((crate::git::upstream::GitRoute { client: client(), credentials }, routes))
+    let routes = crate::routes::Routes { client: client() };
+    Ok((crate::git::handler::GitRoute { client: client(), credentials }, routes))
 }
 
 /// Everything the proxy port needs, without listeners: loaded policies, the resolver
@@ -75,27 +77,32 @@ pub fn build_shared(
         None => None,
     };
     let (git, routes) = upstream_routes(&config, &resolver)?;
-    let limits = crate::proxy::limits::SandboxLimits::new(
+    let limits = crate::door::limits::SandboxLimits::new(
         config.proxy.sandbox_max_concurrent,
         config.proxy.sandbox_max_per_second,
     );
-    let admission = Arc::new(crate::proxy::admission::Admission::with_sandbox_cap(
+    let admission = Arc::new(crate::door::admission::Admission::with_sandbox_cap(
         config.proxy.max_unauthenticated_per_client,
         config.proxy.auth_failures_per_second,
         config.proxy.sandbox_max_connections,
     ));
-    Ok(Arc::new(Shared {
+    let route_budgets = crate::routes::budgets(&config.routes);
+    let door = Door {
         store: Store::new(loaded),
         config,
         resolver,
-        clients,
         tasks: TaskTracker::new(),
         hard_stop: CancellationToken::new(),
-        draining: AtomicBool::new(false),
-        tunnels: Default::default(),
+        registry: Default::default(),
         limits,
+        route_budgets,
         admission,
+    };
+    Ok(Arc::new(Shared {
+        door,
+        draining: AtomicBool::new(false),
         tls,
+        forward: crate::forward::Forwarder { clients },
         git,
         routes,
     }))
@@ -273,7 +280,7 @@ async fn end_expired_connections(shared: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let closed = shared.tunnels.close_expired(crate::tokens::now(), grace.as_secs());
+        let closed = shared.registry.close_expired(crate::tokens::now(), grace.as_secs());
         if closed > 0 {
             tracing::info!(closed, "connections ended: their signed tokens expired");
         }

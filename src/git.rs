@@ -3,7 +3,7 @@
 //! repository-scoped credential upstream. The sandbox never holds a GitHub token.
 
 pub mod credentials;
+pub mod handler;
+pub mod path;
 pub mod pktline;
 pub mod refusal;
-pub mod route;
-pub mod upstream;

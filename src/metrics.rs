@@ -11,7 +11,8 @@ use metrics::{
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::access_log::Kind;
+use crate::policy::Outcome;
+use crate::telemetry::Kind;
 
 /// `kind` = connect|forward|git, `decision` = allow|deny|would_deny.
 pub const PROXY_REQUESTS: &str = "egress_proxy_requests_total";
@@ -79,7 +80,7 @@ pub fn install() -> Option<PrometheusHandle> {
 
 /// The kinds and decisions of [`PROXY_REQUESTS`], in the order of the handle arrays.
 const KINDS: [Kind; 4] = [Kind::Connect, Kind::Forward, Kind::Git, Kind::Unparsed];
-const DECISIONS: [&str; 3] = ["allow", "deny", "would_deny"];
+const DECISIONS: [Outcome; 3] = [Outcome::Allow, Outcome::Deny, Outcome::WouldDeny];
 
 /// Handles for the metrics every request records, registered once when the recorder
 /// is installed: looking one up by name and labels costs a hash, a lock and an
@@ -100,7 +101,9 @@ impl RequestMetrics {
         let kind = |i: usize| KINDS[i].as_str();
         RequestMetrics {
             requests: std::array::from_fn(|k| {
-                std::array::from_fn(|d| counter!(PROXY_REQUESTS, "kind" => kind(k), "decision" => DECISIONS[d]))
+                std::array::from_fn(
+                    |d| counter!(PROXY_REQUESTS, "kind" => kind(k), "decision" => DECISIONS[d].as_str()),
+                )
             }),
             bytes: std::array::from_fn(|k| {
                 [
@@ -121,13 +124,11 @@ impl RequestMetrics {
 }
 
 /// Records one finished request or tunnel.
-pub fn record_request(kind: Kind, decision: &'static str, bytes_up: u64, bytes_down: u64, elapsed: Duration) {
+pub fn record_request(kind: Kind, decision: Outcome, bytes_up: u64, bytes_down: u64, elapsed: Duration) {
     let m = RequestMetrics::get();
     let k = KINDS.iter().position(|x| *x == kind).unwrap_or(0);
-    match DECISIONS.iter().position(|d| *d == decision) {
-        Some(d) => m.requests[k][d].increment(1),
-        None => counter!(PROXY_REQUESTS, "kind" => kind.as_str(), "decision" => decision).increment(1),
-    }
+    let d = DECISIONS.iter().position(|d| *d == decision).unwrap_or(0);
+    m.requests[k][d].increment(1);
     if bytes_up > 0 {
         m.bytes[k][0].increment(bytes_up);
     }

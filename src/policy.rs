@@ -1,22 +1,29 @@
 //! Compiled sandbox policies and the decision function.
 //!
-//! Pure: no I/O, no tokio, no hyper. The proxy, the dry-run CLI, the fuzzers and the
-//! benches all decide with [`Policy::decide`].
+//! Pure: no I/O, no tokio, no hyper. Live traffic, the dry-run CLI, shadow policies,
+//! the revocation sweep, the fuzzers and the benches all decide with [`decide`] (host
+//! decisions, the hot path, with [`Policy::decide`]).
 
 pub mod decision;
+pub mod explain;
 pub mod git;
 pub mod hosts;
 pub mod net;
+pub mod route;
 pub mod rule;
+pub mod subject;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use decision::{Decision, DenyReason, RuleList, RuleSource, Verdict};
+pub use decision::{Decision, DenyReason, Outcome, RuleList, RuleSource, Verdict};
+pub use explain::{Answer, evaluate, explain, hint};
 use git::{GitRuleError, GitRules};
 use hosts::{HostEntry, HostRules};
 use net::{NetEntry, NetRules};
+use route::RouteRule;
 pub use rule::{HostPattern, PortSpec, Rule, RuleError, parse_rule};
+pub use subject::{GitAccess, Subject, parse_subject};
 
 use crate::addr::{Host, Target};
 
@@ -46,7 +53,26 @@ pub struct Policy {
     deny: RuleSet,
     git: GitRules,
     vpce: Vec<String>,
-    routes: Vec<String>,
+    routes: Vec<RouteRule>,
+}
+
+/// Decides `subject` under `policy`: the one decision every path takes. `narrow` is a
+/// signed token's `repos` claim (git repositories only; it never widens the policy).
+/// Git and route decisions are always enforced, whatever the policy's mode: the
+/// gateway adds its own credential there.
+pub fn decide<'p>(policy: &'p Policy, subject: &Subject, narrow: Option<&[String]>) -> Decision<'p> {
+    match subject {
+        Subject::Host(t) => policy.decide(t),
+        Subject::Git { repo, access } => {
+            let write = !matches!(access, GitAccess::Read);
+            let repo_decision = policy.decide_git(repo, write, narrow);
+            match access {
+                GitAccess::Ref { name, delete } if repo_decision.reason().is_none() => policy.decide_ref(name, *delete),
+                _ => repo_decision,
+            }
+        }
+        Subject::Route { route, method, path } => policy.decide_route(route, method, path),
+    }
 }
 
 impl Policy {
@@ -74,9 +100,40 @@ impl Policy {
         self.mode
     }
 
-    /// The API routes this policy's sandboxes may use.
-    pub fn routes(&self) -> &[String] {
-        &self.routes
+    /// The names of the API routes this policy's sandboxes may use.
+    pub fn routes(&self) -> impl Iterator<Item = &str> {
+        self.routes.iter().map(|r| r.name.as_str())
+    }
+
+    /// True when the policy lists route `name`.
+    pub fn lists_route(&self, name: &str) -> bool {
+        self.routes.iter().any(|r| r.name == name)
+    }
+
+    /// True when route `name` is listed and allows `method`.
+    pub fn route_allows_method(&self, name: &str, method: &str) -> bool {
+        self.routes.iter().any(|r| r.name == name && r.allows_method(method))
+    }
+
+    /// Whether a request may use API route `route`: listed by the policy, with a method
+    /// and path (query allowed) its `[[routes]]` entry allows. Always enforced.
+    pub fn decide_route(&self, route: &str, method: &str, path: &str) -> Decision<'_> {
+        let deny = |reason, rule| Decision { verdict: Verdict::Deny { reason, rule }, report_only: false };
+        let Some(r) = self.routes.iter().find(|r| r.name == route) else {
+            return deny(DenyReason::RouteNotAllowed, None);
+        };
+        let Some(rule) = self.rules.get(r.rule) else { return deny(DenyReason::RouteNotAllowed, None) };
+        let path = explain::path_only(path);
+        if !r.allows_method(method) {
+            return deny(DenyReason::RouteNotAllowed, Some(rule));
+        }
+        if route::is_traversal(path) {
+            return deny(DenyReason::BadRequest, Some(rule));
+        }
+        if !r.allows_path(path) {
+            return deny(DenyReason::RouteNotAllowed, Some(rule));
+        }
+        Decision { verdict: Verdict::Allow { rule }, report_only: false }
     }
 
     /// VPC endpoint ids this policy's sandboxes must come through (empty: any).
@@ -192,9 +249,21 @@ impl PolicyBuilder {
         Ok(())
     }
 
-    /// Lets the policy's sandboxes use these API routes.
-    pub fn allow_routes(&mut self, routes: Vec<String>) {
-        self.policy.routes = routes;
+    /// Lets the policy's sandboxes use API route `name`, with the methods (upper case)
+    /// and path prefixes its `[[routes]]` entry allows (empty: any).
+    pub fn add_route(&mut self, name: &str, methods: &[String], paths: &[String], location: &str) {
+        let rule = self.policy.rules.len();
+        self.policy.rules.push(RuleSource {
+            text: name.to_string(),
+            list: RuleList::Routes,
+            location: location.to_string(),
+        });
+        self.policy.routes.push(RouteRule {
+            name: name.to_string(),
+            methods: methods.to_vec(),
+            paths: paths.to_vec(),
+            rule,
+        });
     }
 
     /// Binds the policy's sandboxes to these VPC endpoints (PROXY protocol v2 TLV).
@@ -273,7 +342,7 @@ mod tests {
     fn decide(p: &Policy, target: &str) -> (&'static str, Option<DenyReason>, Option<String>) {
         let t = parse_authority(target, None).unwrap();
         let d = p.decide(&t);
-        (d.label(), d.reason(), d.rule().map(|r| r.text.clone()))
+        (d.outcome().as_str(), d.reason(), d.rule().map(|r| r.text.clone()))
     }
 
     #[test]
@@ -322,7 +391,7 @@ mod tests {
         b.add_git(RuleList::GitRepos, "acme/widgets", "t:1").unwrap();
         b.add_git(RuleList::GitRepos, "acme/tools-*", "t:2").unwrap();
         let read_only = b.build();
-        assert_eq!(read_only.decide_git("acme/widgets", false, None).label(), "allow");
+        assert_eq!(read_only.decide_git("acme/widgets", false, None).outcome(), Outcome::Allow);
         assert_eq!(read_only.decide_git("acme/other", false, None).reason(), Some(DenyReason::RepoNotConnected));
         assert_eq!(read_only.decide_git("acme/widgets", true, None).reason(), Some(DenyReason::GitWriteDenied));
 
@@ -330,13 +399,41 @@ mod tests {
         b.add_git(RuleList::GitRepos, "acme/*", "t:1").unwrap();
         b.add_git(RuleList::GitPush, "refs/heads/agent/*", "t:2").unwrap();
         let p = b.build();
-        assert_eq!(p.decide_git("acme/widgets", true, None).label(), "allow");
+        assert_eq!(p.decide_git("acme/widgets", true, None).outcome(), Outcome::Allow);
         let narrow = vec!["acme/tools".to_string()];
         assert_eq!(p.decide_git("acme/widgets", false, Some(&narrow)).reason(), Some(DenyReason::RepoNotConnected));
-        assert_eq!(p.decide_git("ACME/Tools", false, Some(&narrow)).label(), "allow");
-        assert_eq!(p.decide_ref("refs/heads/agent/x", false).label(), "allow");
+        assert_eq!(p.decide_git("ACME/Tools", false, Some(&narrow)).outcome(), Outcome::Allow);
+        assert_eq!(p.decide_ref("refs/heads/agent/x", false).outcome(), Outcome::Allow);
         assert_eq!(p.decide_ref("refs/heads/main", false).reason(), Some(DenyReason::GitRefDenied));
         assert_eq!(p.decide_ref("refs/heads/agent/x", true).reason(), Some(DenyReason::GitRefDenied));
+    }
+
+    #[test]
+    fn routes_methods_paths_and_traversal() {
+        let mut b = Policy::builder("r", Mode::Enforce, &[443]);
+        b.add_route("api", &["GET".to_string()], &["/v1/".to_string(), "/health".to_string()], "t:3");
+        let p = b.build();
+        let route = |m: &str, path: &str| {
+            let s = Subject::Route { route: "api".into(), method: m.into(), path: path.into() };
+            let d = super::decide(&p, &s, None);
+            (d.outcome(), d.reason(), d.rule().map(|r| r.location.clone()))
+        };
+        assert_eq!(route("GET", "/v1/models?x=1"), (Outcome::Allow, None, Some("t:3".into())));
+        assert_eq!(route("GET", "/health"), (Outcome::Allow, None, Some("t:3".into())));
+        assert_eq!(route("GET", "/healthz").1, Some(DenyReason::RouteNotAllowed));
+        assert_eq!(route("POST", "/v1/models").1, Some(DenyReason::RouteNotAllowed));
+        assert_eq!(route("GET", "/v1/../admin").1, Some(DenyReason::BadRequest));
+        assert_eq!(route("GET", "/v1/%2E%2e/admin").1, Some(DenyReason::BadRequest));
+        let other = Subject::Route { route: "other".into(), method: "GET".into(), path: "/".into() };
+        assert_eq!(super::decide(&p, &other, None).rule(), None);
+        let hint = explain::explain(
+            "s",
+            &p,
+            None,
+            &Subject::Route { route: "api".into(), method: "DELETE".into(), path: "/v1/x".into() },
+        )
+        .hint;
+        assert_eq!(hint.as_deref(), Some("method DELETE is not allowed on route api"));
     }
 
     #[test]
@@ -345,7 +442,13 @@ mod tests {
         let t = parse_authority("b.com:443", None).unwrap();
         let d = p.decide(&t);
         assert!(d.permits());
-        assert_eq!(d.label(), "would_deny");
+        // Git and route decisions ignore report mode.
+        assert_eq!(
+            super::decide(&p, &Subject::Route { route: "r".into(), method: "GET".into(), path: "/".into() }, None)
+                .outcome(),
+            Outcome::Deny
+        );
+        assert_eq!(d.outcome(), Outcome::WouldDeny);
         assert_eq!(d.reason(), Some(DenyReason::HostNotAllowed));
     }
 }

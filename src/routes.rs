@@ -18,32 +18,43 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::access_log::{AccessRecord, Kind, raw_target};
-use crate::auth::{self, AuthError, Credentials};
 use crate::config::RouteConfig;
-use crate::policy::DenyReason;
-use crate::proxy::bodies::{Counting, IdleBody};
-use crate::proxy::limits::SandboxLimits;
-use crate::proxy::registry::{ENDED_HINT, Held, Hold, Revocable};
-use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
+use crate::dial::UpstreamAddr;
+use crate::door::bodies::{Counting, IdleBody, LoggedBody};
+use crate::door::headers::strip_hop_by_hop;
+use crate::door::limits::SandboxLimits;
+use crate::door::registry::{ENDED_HINT, Revocable};
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
+use crate::policy::{DenyReason, Subject};
 use crate::reload::State;
 
-pub type RouteClient = crate::upstream_tls::HttpsClient;
+pub type RouteClient = crate::https_client::HttpsClient;
 
+/// The API routes' upstream client.
 pub struct Routes {
     pub client: RouteClient,
-    /// Per route: the per-sandbox request budget.
-    pub budgets: HashMap<String, SandboxLimits>,
 }
 
-impl Routes {
-    pub fn new(routes: &[RouteConfig], client: RouteClient) -> Self {
-        let budgets = routes
-            .iter()
-            .filter(|r| r.sandbox_requests_per_minute > 0)
-            .map(|r| (r.name.clone(), SandboxLimits::per_minute(r.sandbox_requests_per_minute)))
-            .collect();
-        Routes { client, budgets }
-    }
+/// Per route: the per-sandbox request budget (`sandbox_requests_per_minute`), which
+/// the front door enforces.
+pub fn budgets(routes: &[RouteConfig]) -> HashMap<String, SandboxLimits> {
+    routes
+        .iter()
+        .filter(|r| r.sandbox_requests_per_minute > 0)
+        .map(|r| (r.name.clone(), SandboxLimits::per_minute(r.sandbox_requests_per_minute)))
+        .collect()
+}
+
+fn finish(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    status: Option<StatusCode>,
+    hint: &str,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    let mut refusal = Refusal::new(reason, hint);
+    refusal.status = status;
+    door::refuse(rec, refusal, entry)
 }
 
 /// The route an origin-form path names, and the upstream path after it.
@@ -62,7 +73,8 @@ pub fn is_route_host(routes: &[RouteConfig], host: &str) -> bool {
 pub async fn handle(
     req: Request<Incoming>,
     conn: &ConnInfo,
-    shared: &Arc<Shared>,
+    door: &Door,
+    routes_client: &Routes,
     state: Arc<State>,
     entry: Entry,
 ) -> Response<ProxyBody> {
@@ -75,7 +87,7 @@ pub async fn handle(
         state.generation,
         conn.vpce.clone(),
     );
-    let routes = &shared.config.routes;
+    let routes = &door.config.routes;
     let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
 
     // Which route, and which upstream path.
@@ -97,70 +109,19 @@ pub async fn handle(
     };
     rec.target = format!("route:{}", first.name);
 
-    let identity =
-        match crate::proxy::within_failure_budget(shared, conn, || identify(&state, &req, conn, entry, first)) {
-            Ok(i) => i,
-            Err(e @ AuthError::TooManyFailures) => return finish(&mut rec, e.reason(), None, &e.to_string(), entry),
-            Err(e) => return finish(&mut rec, e.reason(), None, crate::proxy::AUTH_HINT, entry),
-        };
-    rec.sandbox = Some(identity.sandbox.clone());
-    rec.policy = Some(identity.policy.name().to_string());
-    let Some(route) = candidates.iter().find(|r| identity.policy.routes().contains(&r.name)) else {
-        let hint =
-            format!("policy {} does not list route {:?} (policies.NAME.routes)", identity.policy.name(), first.name);
-        return finish(&mut rec, DenyReason::RouteNotAllowed, None, &hint, entry);
+    // An origin-form path names one route; several routes may share a host, and the
+    // route is then the first the sandbox's policy lists: identify first.
+    let presented = Presented { headers: req.headers(), entry, api_key: Some((&first.header, first.prefix.as_str())) };
+    let identity = match door::identified(door, &state, conn, presented) {
+        Ok(i) => i,
+        Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
+    let route = candidates.iter().find(|r| identity.policy.lists_route(&r.name)).unwrap_or(first);
     rec.target = format!("route:{}", route.name);
-    rec.rule = Some(format!("routes {:?}", route.name));
-    if !route.methods.is_empty() && !route.methods.iter().any(|m| m == &method) {
-        return finish(
-            &mut rec,
-            DenyReason::RouteNotAllowed,
-            Some(StatusCode::FORBIDDEN),
-            &format!("method {method} is not allowed on route {}", route.name),
-            entry,
-        );
-    }
-    let path_only = upstream_path.split('?').next().unwrap_or("/");
-    if path_only.contains("..")
-        || path_only.contains("//")
-        || path_only.contains('%') && path_only.to_ascii_lowercase().contains("%2e")
-    {
-        return finish(&mut rec, DenyReason::BadRequest, None, "path traversal is not allowed", entry);
-    }
-    if !route.paths.is_empty()
-        && !route.paths.iter().any(|p| {
-            path_only == p
-                || path_only.starts_with(&format!("{}/", p.trim_end_matches('/')))
-                || path_only.starts_with(p.as_str()) && p.ends_with('/')
-        })
-    {
-        return finish(
-            &mut rec,
-            DenyReason::RouteNotAllowed,
-            Some(StatusCode::FORBIDDEN),
-            &format!("path {path_only} is not allowed on route {}", route.name),
-            entry,
-        );
-    }
-    rec.decision = "allow";
-    let route_shared = &shared.routes;
-    let _budget = match route_shared.budgets.get(&route.name).map(|b| b.acquire(&identity.sandbox)) {
-        Some(Err(_)) => {
-            return finish(
-                &mut rec,
-                DenyReason::LimitExceeded,
-                None,
-                &format!("request budget of route {} exceeded", route.name),
-                entry,
-            );
-        }
-        Some(Ok(p)) => Some(p),
-        None => None,
-    };
-    let permit = match shared.limits.acquire(&identity.sandbox) {
-        Ok(p) => p,
-        Err(e) => return finish(&mut rec, DenyReason::LimitExceeded, None, &e.to_string(), entry),
+    let subject = Subject::Route { route: route.name.clone(), method: method.clone(), path: upstream_path.clone() };
+    let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
+        Ok(a) => a.hold,
+        Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
     let Some(secret) = state.route_secrets.get(&route.name) else {
         return finish(
@@ -171,16 +132,9 @@ pub async fn handle(
             entry,
         );
     };
-
-    if !conn.authorized(&identity.sandbox) {
-        return finish(&mut rec, DenyReason::LimitExceeded, None, crate::proxy::SANDBOX_CONNECTIONS_HINT, entry);
-    }
-    let registration =
-        shared.tunnels.register(&identity, Held::Route(route.name.clone()), shared.hard_stop.child_token());
-    let hold = Hold::new(registration, permit);
     let (parts, body) = req.into_parts();
     let bytes_up = Arc::new(AtomicU64::new(0));
-    let idle = shared.config.proxy.tunnel_idle_timeout;
+    let idle = door.config.proxy.tunnel_idle_timeout;
     let body = Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone()).boxed_unsync();
     let uri = format!("{}{}", route.upstream.to_string().trim_end_matches('/'), upstream_path);
     let mut up = Request::builder().method(parts.method.clone()).uri(uri);
@@ -196,9 +150,11 @@ pub async fn handle(
     let Ok(up) = up.body(body) else {
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
-    let timeout = shared.config.proxy.response_header_timeout;
-    let sent =
-        hold.registration().unless_ended(crate::upstream_tls::send(&route_shared.client, up, timeout, "the API")).await;
+    let timeout = door.config.proxy.response_header_timeout;
+    let sent = hold
+        .registration()
+        .unless_ended(crate::https_client::send(&routes_client.client, up, timeout, "the API"))
+        .await;
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
@@ -227,7 +183,7 @@ pub async fn handle(
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    crate::proxy::forward::strip_hop_by_hop(&mut parts.headers, false);
+    strip_hop_by_hop(&mut parts.headers, false);
     // The upstream's own reason phrase is not passed on: it is not redacted.
     parts.extensions.remove::<hyper::ext::ReasonPhrase>();
     // Redaction can change the length.
@@ -238,47 +194,8 @@ pub async fn handle(
     // through as is, with its Location redacted like everything else.
     redact::headers(&mut parts.headers, secret.expose());
     let body = redact::RedactBody::new(Revocable::new(IdleBody::new(body, idle), hold.clone()), secret.expose());
-    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, hold);
+    let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
-}
-
-/// Sandbox credentials: `Proxy-Authorization`; on the origin-form entry also
-/// `Authorization: Basic`, `Authorization: Bearer ID:TOKEN`, or `ID:TOKEN` in the
-/// route's own header (what an SDK sends as its API key).
-fn identify(
-    state: &State,
-    req: &Request<Incoming>,
-    conn: &ConnInfo,
-    entry: Entry,
-    route: &RouteConfig,
-) -> Result<auth::Identity, AuthError> {
-    let h = req.headers();
-    let creds = if let Some(v) = h.get(header::PROXY_AUTHORIZATION) {
-        auth::parse_basic(v.as_bytes())?
-    } else if entry == Entry::Absolute {
-        return Err(AuthError::Missing);
-    } else if let Some(v) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        match v.split_once(' ') {
-            Some((s, _)) if s.eq_ignore_ascii_case("basic") => auth::parse_basic(v.as_bytes())?,
-            Some((s, rest)) if s.eq_ignore_ascii_case("bearer") => pair(rest.trim())?,
-            _ => return Err(AuthError::Malformed),
-        }
-    } else if let Some(v) = h.get(&route.header).and_then(|v| v.to_str().ok()) {
-        pair(v.trim().strip_prefix(route.prefix.as_str()).unwrap_or(v.trim()))?
-    } else {
-        return Err(AuthError::Missing);
-    };
-    let identity = auth::authenticate(&state.policies, &state.tokens, &creds, crate::tokens::now())?;
-    crate::proxy::check_binding(&identity, conn)?;
-    Ok(identity)
-}
-
-fn pair(s: &str) -> Result<Credentials, AuthError> {
-    let (id, token) = s.split_once(':').ok_or(AuthError::Malformed)?;
-    if id.is_empty() || token.is_empty() {
-        return Err(AuthError::Malformed);
-    }
-    Ok(Credentials::new(id, token))
 }
 
 /// End-to-end headers pass; credentials, cookies, hop-by-hop headers and any value of

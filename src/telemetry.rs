@@ -1,6 +1,6 @@
 //! Logging: one JSON object per line (or human-readable text on a terminal), on stderr.
 //!
-//! Access-log events (target [`crate::access_log::TARGET`]) carry `"log":"access"` and
+//! Access-log events (target [`ACCESS_TARGET`]) carry `"log":"access"` and
 //! their fields; diagnostics carry `level`, `target` and `msg`. Both carry `ts`. Lines
 //! are written in batches off the request path ([`batch`]); [`flush`] writes what is
 //! pending, and runs before the process exits or panics.
@@ -14,6 +14,30 @@ use std::sync::OnceLock;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
+
+/// The `tracing` target of access-log events.
+pub const ACCESS_TARGET: &str = "access";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Connect,
+    Forward,
+    Git,
+    /// A request the HTTP parser refused before the gateway saw it: no method, target
+    /// or sandbox is known.
+    Unparsed,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connect => "connect",
+            Kind::Forward => "forward",
+            Kind::Git => "git",
+            Kind::Unparsed => "unparsed",
+        }
+    }
+}
 
 /// The installed output, and whether its lines are JSON (access records are then
 /// written by [`write_access_json`]).
@@ -54,7 +78,7 @@ pub fn init(cfg: &LogConfig) -> Result<(), String> {
 pub fn write_access_json(fields: impl FnOnce(&mut String) -> std::fmt::Result) -> bool {
     use std::fmt::Write;
     let Some((out, true)) = OUTPUT.get() else { return false };
-    if !tracing::enabled!(target: crate::access_log::TARGET, tracing::Level::INFO) {
+    if !tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO) {
         return true;
     }
     thread_local! {

@@ -431,3 +431,48 @@ fn suggest_turns_denials_into_rules() {
     assert_eq!(code, 0);
     assert!(!out.contains("crates.io") && out.contains("acme/tools"), "{out}");
 }
+
+/// `check` explains API-route decisions as it does host and git ones: the rule, its
+/// file and line, and why; a policy naming a route the config does not define is a
+/// load error naming the file and key.
+#[test]
+fn check_explains_route_decisions_with_file_and_line() {
+    let policy = "[policies.api]\nallow = []\nroutes = [\n  \"llm\",\n]\n\n[[sandboxes]]\nid = \"sbx-api\"\ntoken_sha256 = \"@HASH@\"\npolicy = \"api\"\n";
+    let (dir, cfg) = setup(
+        policy,
+        "[[routes]]\nname = \"llm\"\nupstream = \"https://llm.test\"\nmethods = [\"POST\"]\npaths = [\"/v1/\"]\ninject = { header = \"x-api-key\", secret_file = \"key.txt\" }\n",
+    );
+    std::fs::write(dir.path().join("key.txt"), "sk-test").unwrap();
+    let c = s(&cfg);
+    let check = |target: &str, method: &str| {
+        let o = bin(&["check", "--config", c, "--sandbox", "sbx-api", target, "--method", method, "--json"]);
+        let (code, out, err) = text(&o);
+        assert!(code == 0 || code == 1, "{out}{err}");
+        (code, serde_json::from_str::<serde_json::Value>(&out).unwrap())
+    };
+    let (code, v) = check("route:llm/v1/messages", "post");
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["decision"], "allow");
+    assert_eq!(v["rule_list"], "routes");
+    assert_eq!(v["rule_location"], format!("{}:4", dir.path().join("policy/p.toml").display()));
+
+    let (code, v) = check("route:llm/v1/messages", "DELETE");
+    assert_eq!(code, 1);
+    assert_eq!(v["reason"], "route_not_allowed");
+    assert_eq!(v["hint"], "method DELETE is not allowed on route llm");
+    let (_, v) = check("route:llm/admin", "POST");
+    assert_eq!(v["hint"], "path /admin is not allowed on route llm");
+    let (_, v) = check("route:llm/v1/../admin", "POST");
+    assert_eq!(v["reason"], "bad_request");
+    let (_, v) = check("route:other/v1/x", "POST");
+    assert_eq!(v["reason"], "route_not_allowed");
+    assert!(v["rule"].is_null());
+
+    std::fs::write(dir.path().join("policy/p.toml"), policy.replace("\"llm\",", "\"llm\", \"typo\",")).unwrap();
+    let (code, _, err) = text(&bin(&["check", "--config", c, "--sandbox", "sbx-api", "route:llm/v1/x"]));
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("p.toml") && err.contains("policies.api.routes[1] (line 4)") && err.contains("\"typo\""),
+        "{err}"
+    );
+}

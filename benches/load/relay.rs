@@ -10,7 +10,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 
-use egress_gateway::proxy::zero_copy::one_way;
+use egress_gateway::relay::zero_copy::one_way;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

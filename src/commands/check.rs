@@ -5,8 +5,8 @@ use std::io::Write;
 use crate::auth::{self, Credentials};
 use crate::cli::CheckArgs;
 use crate::config::Config;
-use crate::dryrun::{self, Answer, Subject};
 use crate::policy::DenyReason;
+use crate::policy::{self, Answer, Outcome, Subject};
 use crate::resolve::{DialError, Resolver};
 
 /// One resolved address and what vetting says about it.
@@ -21,7 +21,8 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     let cfg = super::load_config(args.config.as_ref())?;
     let loaded = crate::reload::load(&cfg)?;
     let set = loaded.policies;
-    let subject = dryrun::parse_subject(&args.target, args.push.as_deref()).map_err(anyhow::Error::msg)?;
+    let subject = policy::parse_subject(&args.target, args.push.as_deref(), args.method.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let signed = args.token.as_deref().is_some_and(crate::tokens::looks_signed) && loaded.tokens.has_keys();
     anyhow::ensure!(
         signed || set.sandbox(&args.sandbox).is_some(),
@@ -29,7 +30,7 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
         args.sandbox,
         known_sandboxes(&set)
     );
-    let mut answer = dryrun::evaluate(&set, &args.sandbox, &subject);
+    let mut answer = policy::evaluate(&set, &args.sandbox, &subject);
 
     let mut token_ok = None;
     if let Some(token) = &args.token {
@@ -37,7 +38,7 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
             Ok(identity) => {
                 token_ok = Some(true);
                 // A signed token names its policy and may narrow git repositories.
-                answer = dryrun::evaluate_identity(&identity, &subject);
+                answer = policy::explain(&identity.sandbox, &identity.policy, identity.repos.as_deref(), &subject);
             }
             Err(e) => {
                 token_ok = Some(false);
@@ -120,7 +121,7 @@ fn notes(
 }
 
 fn deny(answer: &mut Answer, reason: DenyReason, hint: String) {
-    answer.decision = "deny";
+    answer.decision = Outcome::Deny;
     answer.reason = Some(reason.code());
     answer.hint = Some(hint);
 }
@@ -159,14 +160,10 @@ fn print_human(
     token_ok: Option<bool>,
     addresses: Option<&Result<Vec<AddressVerdict>, String>>,
 ) -> std::io::Result<()> {
-    let head = match a.decision {
-        "allow" => "ALLOW",
-        "would_deny" => "ALLOW",
-        _ => "DENY ",
-    };
+    let head = if a.permits() { "ALLOW" } else { "DENY " };
     let policy = a.policy.as_deref().unwrap_or("-");
     write!(out, "{head}  {} -> {}  (policy {policy})", a.sandbox, a.target)?;
-    if a.decision == "would_deny" {
+    if a.decision == Outcome::WouldDeny {
         write!(out, "  report mode: enforce would deny")?;
     }
     writeln!(out)?;

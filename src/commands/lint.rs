@@ -110,7 +110,7 @@ fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
         warn(out, push, "git.push without git.repos: no repository can be pushed to".into());
     }
     let policy_location = || policy.rules().first().map_or_else(String::new, |r| r.location.clone());
-    if policy.mode() == crate::policy::Mode::Report && (has_repos || !policy.routes().is_empty()) {
+    if policy.mode() == crate::policy::Mode::Report && (has_repos || policy.routes().next().is_some()) {
         out.push(Warning {
             location: policy_location(),
             subject: format!("policies.{name}.mode"),

@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 
 use crate::config;
-use crate::dryrun::{self, Subject};
+use crate::policy::{self, Outcome, Subject};
 use crate::policy::{DenyReason, PolicySet};
 
 const POLICY_REASONS: [DenyReason; 6] = [
@@ -104,8 +104,8 @@ pub fn replay(lines: impl BufRead, set: &PolicySet) -> anyhow::Result<Summary> {
             Some("would_deny") => false,
             _ => !v["reason"].as_str().is_some_and(|r| POLICY_REASONS.iter().any(|p| p.code() == r)),
         };
-        let answer = dryrun::evaluate(set, sandbox, &subject);
-        let new_allowed = answer.decision == "allow";
+        let answer = policy::evaluate(set, sandbox, &subject);
+        let new_allowed = answer.decision == Outcome::Allow;
         let bucket = match (old_allowed, new_allowed) {
             (true, false) => &mut a2d,
             (false, true) => &mut d2a,

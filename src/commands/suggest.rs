@@ -133,7 +133,7 @@ pub fn suggest(
             }
             "route_not_allowed" => {
                 if let Some(route) = target.strip_prefix("route:")
-                    && !policy.routes().iter().any(|r| r == route)
+                    && !policy.lists_route(route)
                 {
                     *needs.routes.entry(route.to_string()).or_default() += 1;
                 }

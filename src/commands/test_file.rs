@@ -3,10 +3,11 @@
 //! ```toml
 //! [[case]]
 //! sandbox = "sbx-example"
-//! target = "https://pypi.org/simple/"   # host:port, URL or git URL
+//! target = "https://pypi.org/simple/"   # host:port, URL, git URL or route:NAME/PATH
 //! expect = "allow"                       # or "deny"
 //! reason = "host_denied"                 # optional, with deny
 //! push = "refs/heads/agent/x"            # optional, git URLs only
+//! method = "POST"                        # optional, route: targets only (GET)
 //! ```
 
 use std::io::Write;
@@ -16,7 +17,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::config;
-use crate::dryrun;
+use crate::policy;
 use crate::policy::PolicySet;
 
 #[derive(Debug, Deserialize)]
@@ -34,6 +35,7 @@ struct Case {
     expect: Expect,
     reason: Option<String>,
     push: Option<String>,
+    method: Option<String>,
     /// Optional label shown in failures.
     name: Option<String>,
 }
@@ -73,13 +75,13 @@ pub fn run(config_path: Option<&PathBuf>, files: &[PathBuf], out: &mut dyn Write
 }
 
 fn check_case(set: &PolicySet, c: &Case) -> Result<(), String> {
-    let subject = dryrun::parse_subject(&c.target, c.push.as_deref())?;
+    let subject = policy::parse_subject(&c.target, c.push.as_deref(), c.method.as_deref())?;
     if set.sandbox(&c.sandbox).is_none() {
         return Err(format!("unknown sandbox {:?}", c.sandbox));
     }
-    let a = dryrun::evaluate(set, &c.sandbox, &subject);
+    let a = policy::evaluate(set, &c.sandbox, &subject);
     // Report mode lets traffic through: a test expects what enforcement would do.
-    let got = if a.decision == "allow" { Expect::Allow } else { Expect::Deny };
+    let got = if a.decision == policy::Outcome::Allow { Expect::Allow } else { Expect::Deny };
     let describe = || match (a.reason, &a.rule) {
         (Some(r), Some(rule)) => format!("deny ({r}, rule {rule:?})"),
         (Some(r), None) => format!("deny ({r})"),

@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::error::{ConfigError, DisplayPath};
 use super::raw::{RawPolicyFile, RawSandbox};
-use super::validate::{Config, PolicySource};
+use super::validate::{Config, PolicySource, RouteConfig};
 use crate::policy::{Mode, Policy, PolicySet, RuleList, Sandbox};
 
 /// One policy file's text, as read.
@@ -52,7 +52,7 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
             vec![Source::new(DisplayPath(label.clone()), text.clone())]
         }
     };
-    compile(&sources, config.policy.mode, &config.egress.ports)
+    compile(&sources, config.policy.mode, &config.egress.ports, &config.routes)
 }
 
 /// Loads the shadow policies, if `policy.shadow_dir` is set.
@@ -65,7 +65,7 @@ pub fn load_shadow(config: &Config) -> Result<Option<PolicySet>, ConfigError> {
             format!("expected a directory of policy files, {} is not one", dir.display()),
         ));
     }
-    compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports).map(Some)
+    compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports, &config.routes).map(Some)
 }
 
 /// The `*.toml` files of `dir`, sorted by name so that load order is stable.
@@ -90,7 +90,12 @@ fn read_dir(dir: &Path) -> Result<Vec<Source>, ConfigError> {
         .collect()
 }
 
-fn compile(sources: &[Source], default_mode: Mode, ports: &[u16]) -> Result<PolicySet, ConfigError> {
+fn compile(
+    sources: &[Source],
+    default_mode: Mode,
+    ports: &[u16],
+    routes: &[RouteConfig],
+) -> Result<PolicySet, ConfigError> {
     let mut policies: HashMap<String, Arc<Policy>> = HashMap::new();
     let mut defined_in: HashMap<String, DisplayPath> = HashMap::new();
     let mut pending_sandboxes: Vec<(&Source, Spanned<RawSandbox>)> = Vec::new();
@@ -140,7 +145,22 @@ fn compile(sources: &[Source], default_mode: Mode, ports: &[u16]) -> Result<Poli
                 b.allow_ref_deletion(git.allow_delete);
             }
             b.require_vpce(def.vpce.clone());
-            b.allow_routes(def.routes.clone());
+            for (i, listed) in def.routes.iter().enumerate() {
+                let line = src.line_of(listed.span().start);
+                let Some(route) = routes.iter().find(|r| &r.name == listed.get_ref()) else {
+                    let defined: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
+                    return Err(ConfigError::invalid(
+                        &src.file,
+                        format!("policies.{name}.routes[{i}] (line {line})"),
+                        format!(
+                            "no [[routes]] entry named {:?} in the gateway config (defined: {})",
+                            listed.get_ref(),
+                            if defined.is_empty() { "none".to_string() } else { defined.join(", ") }
+                        ),
+                    ));
+                };
+                b.add_route(&route.name, &route.methods, &route.paths, &format!("{}:{line}", src.file));
+            }
             defined_in.insert(name.clone(), src.file.clone());
             policies.insert(name, Arc::new(b.build()));
         }
@@ -188,7 +208,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<PolicySet, ConfigError> {
-        compile(&[Source::new(DisplayPath("p.toml".into()), text.into())], Mode::Enforce, &[80, 443])
+        compile(&[Source::new(DisplayPath("p.toml".into()), text.into())], Mode::Enforce, &[80, 443], &[])
     }
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";

@@ -368,7 +368,7 @@ pub struct RawPolicy {
     /// VPC endpoint ids the policy's sandboxes must come through.
     pub vpce: Vec<String>,
     /// API routes (`[[routes]]` names) the policy's sandboxes may use.
-    pub routes: Vec<String>,
+    pub routes: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

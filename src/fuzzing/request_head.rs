@@ -16,8 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::addr::{Host, Target};
-use crate::dryrun::{self, Subject};
-use crate::proxy::{ConnInfo, Shared};
+use crate::door::ConnInfo;
+use crate::proxy::Shared;
 
 const TOKEN_A: &str = "fuzz-token-a-2f6b";
 const TOKEN_B: &str = "fuzz-token-b-9c1e";
@@ -177,7 +177,7 @@ fn run(data: &[u8]) -> Vec<(Target, SocketAddr)> {
         // dials the configured GitHub host for sandboxes with git rules).
         let allows = |id: &str| {
             state.policies.sandbox(id).is_some_and(|s| {
-                dryrun::decide(&s.policy, &Subject::Host(target.clone())).permits()
+                s.policy.decide(target).permits()
                     || (target.host == Host::Name("github.test".into()) && target.port == 443 && id == "sbx-a")
             })
         };

@@ -16,7 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
 use crate::config::GithubConfig;
-use crate::upstream_tls::HttpsConnector;
+use crate::https_client::HttpsConnector;
 
 pub use crate::secret::Secret;
 

@@ -5,8 +5,8 @@
 
 use bytes::Bytes;
 
+use super::path::Service;
 use super::pktline::pkt;
-use super::route::Service;
 
 /// The content type git expects for the answer to `info/refs?service=S`.
 pub fn advertisement_type(service: Service) -> String {

@@ -110,6 +110,8 @@ pub enum RuleList {
     GitRepos,
     /// `git.push`
     GitPush,
+    /// `routes`: an API route, with the methods and paths its `[[routes]]` entry allows.
+    Routes,
 }
 
 impl RuleList {
@@ -120,6 +122,7 @@ impl RuleList {
             RuleList::Deny => "deny",
             RuleList::GitRepos => "git.repos",
             RuleList::GitPush => "git.push",
+            RuleList::Routes => "routes",
         }
     }
 }
@@ -133,6 +136,17 @@ pub struct RuleSource {
     pub location: String,
 }
 
+impl RuleSource {
+    /// The rule as the access log names it: a host or git rule by its text, a route
+    /// as `routes "NAME"`.
+    pub fn logged(&self) -> String {
+        match self.list {
+            RuleList::Routes => self.to_string(),
+            _ => self.text.clone(),
+        }
+    }
+}
+
 impl fmt::Display for RuleSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {:?}", self.list.key(), self.text)
@@ -144,6 +158,38 @@ impl fmt::Display for RuleSource {
 pub enum Verdict<'p> {
     Allow { rule: &'p RuleSource },
     Deny { reason: DenyReason, rule: Option<&'p RuleSource> },
+}
+
+/// What happens to the traffic: the one typed result of every decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Allow,
+    Deny,
+    /// Denied by a policy in report mode, and let through.
+    WouldDeny,
+}
+
+impl Outcome {
+    /// `allow`, `deny` or `would_deny`, as the access log writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allow => "allow",
+            Outcome::Deny => "deny",
+            Outcome::WouldDeny => "would_deny",
+        }
+    }
+
+    /// True when traffic passes.
+    pub fn permits(self) -> bool {
+        self != Outcome::Deny
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A verdict together with the policy mode: in report mode a deny verdict is let
@@ -160,12 +206,11 @@ impl<'p> Decision<'p> {
         matches!(self.verdict, Verdict::Allow { .. }) || self.report_only
     }
 
-    /// `allow`, `deny` or `would_deny` as written in the access log.
-    pub fn label(&self) -> &'static str {
+    pub fn outcome(&self) -> Outcome {
         match (self.verdict, self.report_only) {
-            (Verdict::Allow { .. }, _) => "allow",
-            (Verdict::Deny { .. }, false) => "deny",
-            (Verdict::Deny { .. }, true) => "would_deny",
+            (Verdict::Allow { .. }, _) => Outcome::Allow,
+            (Verdict::Deny { .. }, false) => Outcome::Deny,
+            (Verdict::Deny { .. }, true) => Outcome::WouldDeny,
         }
     }
 

@@ -18,9 +18,10 @@ use tokio_util::sync::CancellationToken;
 use std::net::SocketAddr;
 
 use super::proxy_protocol::{self, Detect};
-use super::{ConnInfo, Shared, handle, respond};
+use super::{Shared, handle};
 use crate::access_log::{AccessRecord, Kind};
 use crate::config::ProxyProtocol;
+use crate::door::{ConnInfo, respond};
 use crate::policy::DenyReason;
 
 /// A connection's place: under `proxy.max_connections`, in its thread's count and in

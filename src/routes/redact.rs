@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame};
 
-use crate::proxy::BoxError;
+use crate::door::BoxError;
 
 pub const MARK: &str = "[REDACTED]";
 

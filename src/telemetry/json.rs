@@ -12,8 +12,6 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::access_log;
-
 pub struct JsonFormat;
 
 impl<S, N> FormatEvent<S, N> for JsonFormat
@@ -29,7 +27,7 @@ where
 /// Writes one event as a JSON object and a newline.
 pub fn write_event(w: &mut dyn Write, event: &Event<'_>, now: SystemTime) -> fmt::Result {
     let meta = event.metadata();
-    if meta.target() == access_log::TARGET {
+    if meta.target() == super::ACCESS_TARGET {
         // Access events name no field `log`.
         access_head(w, now)?;
     } else {
@@ -235,7 +233,7 @@ mod tests {
     fn access_events_carry_log_access_and_typed_fields() {
         let lines = capture(|| {
             tracing::info!(
-                target: access_log::TARGET,
+                target: crate::telemetry::ACCESS_TARGET,
                 sandbox = "sbx-1",
                 target = "example.com:443",
                 status = 200u16,

@@ -12,33 +12,9 @@ use std::task::{Context, Poll};
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::addr::Target;
 use crate::auth::{Credential, Identity};
-use crate::policy::Policy;
+use crate::policy::{self, Policy, Subject};
 use crate::reload::State;
-
-/// What a connection was authorized to reach.
-#[derive(Debug, Clone)]
-pub enum Held {
-    /// A tunnel or forwarded exchange to a host and port.
-    Host(Target),
-    /// A git route exchange: the repository, whether it writes, and the refs a push
-    /// updates (`(ref, is_delete)`).
-    Git { repo: String, write: bool, refs: Vec<(String, bool)> },
-    /// An API route, by name.
-    Route(String),
-}
-
-impl std::fmt::Display for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Held::Host(t) => write!(f, "{t}"),
-            Held::Git { repo, write: false, .. } => write!(f, "git {repo} (read)"),
-            Held::Git { repo, write: true, .. } => write!(f, "git {repo} (push)"),
-            Held::Route(name) => write!(f, "route:{name}"),
-        }
-    }
-}
 
 struct Entry {
     sandbox: String,
@@ -47,7 +23,8 @@ struct Entry {
     policy: String,
     credential: Credential,
     repos: Option<Vec<String>>,
-    held: Held,
+    /// What authorized it: a push adds each ref it updates once they are read.
+    held: Vec<Subject>,
     cancel: CancellationToken,
 }
 
@@ -80,13 +57,13 @@ impl Registration {
         &self.cancel
     }
 
-    /// Replaces what the connection is held to (a push's refs, once read), so that a
+    /// Adds to what the connection is held to (a push's refs, once read), so that a
     /// later sweep judges them too.
-    pub fn set_held(&self, held: Held) {
+    pub fn hold_also(&self, more: impl IntoIterator<Item = Subject>) {
         if let Ok(mut open) = self.open.lock()
             && let Some(e) = open.get_mut(&self.id)
         {
-            e.held = held;
+            e.held.extend(more);
         }
     }
 
@@ -110,16 +87,16 @@ pub const ENDED_HINT: &str =
     "the credential or policy changed while this request was being set up, and no longer allows it";
 
 impl Registry {
-    /// Records a live connection authorized for `identity` to reach `held`; `cancel`
+    /// Records a live connection authorized for `identity` to reach `subject`; `cancel`
     /// (a child of the shutdown token, say) is cancelled to end it.
-    pub fn register(&self, identity: &Identity, held: Held, cancel: CancellationToken) -> Registration {
+    pub fn register(&self, identity: &Identity, subject: Subject, cancel: CancellationToken) -> Registration {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
             sandbox: identity.sandbox.clone(),
             policy: identity.policy.name().to_string(),
             credential: identity.credential.clone(),
             repos: identity.repos.clone(),
-            held,
+            held: vec![subject],
             cancel: cancel.clone(),
         };
         if let Ok(mut open) = self.open.lock() {
@@ -140,7 +117,8 @@ impl Registry {
     /// its policy no longer allows. Returns how many were ended.
     pub fn close_disallowed(&self, state: &State) -> usize {
         self.close_where(|e| {
-            let allowed = policy_for(state, e).is_some_and(|p| allows(p, &e.held, e.repos.as_deref()));
+            let allowed = policy_for(state, e)
+                .is_some_and(|p| e.held.iter().all(|s| policy::decide(p, s, e.repos.as_deref()).permits()));
             (!allowed).then_some("the new policies or credentials no longer allow it")
         })
     }
@@ -164,7 +142,8 @@ impl Registry {
                 continue;
             }
             if let Some(reason) = why(e) {
-                tracing::info!(sandbox = %e.sandbox, target = %e.held, reason, "closing a connection");
+                let target = e.held.first().map(ToString::to_string).unwrap_or_default();
+                tracing::info!(sandbox = %e.sandbox, %target, reason, "closing a connection");
                 e.cancel.cancel();
                 closed += 1;
             }
@@ -191,17 +170,6 @@ fn policy_for<'s>(state: &'s State, e: &Entry) -> Option<&'s Arc<Policy>> {
             }
             state.policies.policies.get(&e.policy)
         }
-    }
-}
-
-fn allows(policy: &Policy, held: &Held, repos: Option<&[String]>) -> bool {
-    match held {
-        Held::Host(t) => policy.decide(t).permits(),
-        Held::Git { repo, write, refs } => {
-            policy.decide_git(repo, *write, repos).permits()
-                && refs.iter().all(|(r, delete)| policy.decide_ref(r, *delete).permits())
-        }
-        Held::Route(name) => policy.routes().contains(name),
     }
 }
 

@@ -19,21 +19,22 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::credentials::{Permission, is_credential_refusal};
+use super::path::{self, Op, PathError};
 use super::pktline;
 use super::refusal;
-use super::route::{self, Op, RouteError};
 use crate::access_log::{AccessRecord, Kind, raw_target};
-use crate::auth::{self, AuthError};
-use crate::policy::DenyReason;
-use crate::proxy::bodies::{Counting, IdleBody};
-use crate::proxy::registry::{ENDED_HINT, Held, Hold, Revocable};
-use crate::proxy::{ConnInfo, Entry, ProxyBody, Shared, deny_route as finish, upstream::UpstreamAddr};
+use crate::dial::UpstreamAddr;
+use crate::door::bodies::{Counting, IdleBody, LoggedBody};
+use crate::door::headers::strip_hop_by_hop;
+use crate::door::registry::{ENDED_HINT, Revocable};
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, record, respond};
+use crate::policy::{self, DenyReason, GitAccess, Subject};
 use crate::reload::State;
 
 /// Longest push command list read ahead of the pack.
 const MAX_COMMANDS_BYTES: usize = 256 * 1024;
 
-pub type GitClient = crate::upstream_tls::HttpsClient;
+pub type GitClient = crate::https_client::HttpsClient;
 
 /// The route's upstream machinery, built at start-up.
 pub struct GitRoute {
@@ -41,14 +42,29 @@ pub struct GitRoute {
     pub credentials: super::credentials::Credentials,
 }
 
+/// Records and answers a refusal in HTTP terms (before the request is known to be a
+/// git request, or for failures after the decision).
+fn finish(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    status: Option<StatusCode>,
+    hint: &str,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    let mut refusal = Refusal::new(reason, hint);
+    refusal.status = status;
+    door::refuse(rec, refusal, entry)
+}
+
 pub async fn handle(
     req: Request<Incoming>,
     conn: &ConnInfo,
-    shared: &Arc<Shared>,
+    door: &Door,
+    route: &GitRoute,
     state: Arc<State>,
     entry: Entry,
 ) -> Response<ProxyBody> {
-    let gh = &shared.config.github;
+    let gh = &door.config.github;
     let method = req.method().as_str().to_string();
     let mut rec = AccessRecord::with_vpce(
         Kind::Git,
@@ -63,64 +79,50 @@ pub async fn handle(
         Entry::Origin => path.strip_prefix(&format!("/{}", gh.web_host)).unwrap_or(path),
         Entry::Absolute => path,
     };
-    let git = match route::parse(&method, path, req.uri().query()) {
+    let git = match path::parse(&method, path, req.uri().query()) {
         Ok(g) => g,
         Err(e) => {
-            let status = if e == RouteError::Unsupported { StatusCode::FORBIDDEN } else { StatusCode::BAD_REQUEST };
+            let status = if e == PathError::Unsupported { StatusCode::FORBIDDEN } else { StatusCode::BAD_REQUEST };
             return finish(&mut rec, DenyReason::BadRequest, Some(status), &e.to_string(), entry);
         }
     };
     rec.target = format!("{}/{}", gh.web_host, git.full_name());
 
-    let identity = match crate::proxy::within_failure_budget(shared, conn, || identify(&state, &req, conn, entry)) {
-        Ok(i) => i,
-        Err(e @ AuthError::TooManyFailures) => return finish(&mut rec, e.reason(), None, &e.to_string(), entry),
-        Err(e) => return finish(&mut rec, e.reason(), None, crate::proxy::AUTH_HINT, entry),
-    };
-    rec.sandbox = Some(identity.sandbox.clone());
-    rec.policy = Some(identity.policy.name().to_string());
     let write = git.service.is_write();
-    let decision = identity.policy.decide_git(&git.full_name(), write, identity.repos.as_deref());
-    rec.rule = decision.rule().map(|r| r.text.clone());
-    if let Some(reason) = decision.reason()
-        && !decision.permits()
-    {
-        let subject = crate::dryrun::Subject::Git { repo: git.full_name(), push: None };
-        let hint = crate::dryrun::hint(&identity.policy, reason, &subject, &decision).unwrap_or_default();
-        let what = match reason {
-            DenyReason::GitWriteDenied => format!("pushing to {} is not allowed for this sandbox", git.full_name()),
-            _ => format!("repository {} is not connected to this sandbox", git.full_name()),
-        };
-        let message = format!("{what} ({}); {hint}", reason.code());
-        let body = match git.op {
-            Op::InfoRefs => refusal::advertisement_error(git.service, &message),
-            Op::Rpc => refusal::rpc_error(&message),
-        };
-        let content_type = match git.op {
-            Op::InfoRefs => refusal::advertisement_type(git.service),
-            Op::Rpc => refusal::result_type(git.service),
-        };
-        drain(req.into_body(), gh.idle_timeout).await;
-        return in_git_terms(&mut rec, reason, &hint, &content_type, body);
-    }
-    rec.decision = decision.label();
-
-    let permit = match shared.limits.acquire(&identity.sandbox) {
-        Ok(p) => p,
-        Err(e) => return finish(&mut rec, DenyReason::LimitExceeded, None, &e.to_string(), entry),
+    let subject =
+        Subject::Git { repo: git.full_name(), access: if write { GitAccess::Write } else { GitAccess::Read } };
+    let presented = Presented { headers: req.headers(), entry, api_key: None };
+    let authorized = match door::authorize(door, &state, &mut rec, conn, presented, subject) {
+        Ok(a) => a,
+        // A policy refusal is answered as git understands it (git prints it);
+        // authentication and limits as HTTP (git asks for credentials on a 401).
+        Err(refusal) if is_git_refusal(refusal.reason) => {
+            let hint = refusal.hint.unwrap_or_default();
+            let what = match refusal.reason {
+                DenyReason::GitWriteDenied => format!("pushing to {} is not allowed for this sandbox", git.full_name()),
+                _ => format!("repository {} is not connected to this sandbox", git.full_name()),
+            };
+            let message = format!("{what} ({}); {hint}", refusal.reason.code());
+            let body = match git.op {
+                Op::InfoRefs => refusal::advertisement_error(git.service, &message),
+                Op::Rpc => refusal::rpc_error(&message),
+            };
+            let content_type = match git.op {
+                Op::InfoRefs => refusal::advertisement_type(git.service),
+                Op::Rpc => refusal::result_type(git.service),
+            };
+            drain(req.into_body(), gh.idle_timeout).await;
+            rec.rule = refusal.rule;
+            return in_git_terms(&mut rec, refusal.reason, &hint, &content_type, body);
+        }
+        Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
-    if !conn.authorized(&identity.sandbox) {
-        return finish(&mut rec, DenyReason::LimitExceeded, None, crate::proxy::SANDBOX_CONNECTIONS_HINT, entry);
-    }
-    // Registered before any of the body is read: a push whose command list trickles in
-    // is ended by a reload that revokes its credential like any open connection.
-    let held = Held::Git { repo: git.full_name(), write, refs: Vec::new() };
-    let hold = Hold::new(shared.tunnels.register(&identity, held, shared.hard_stop.child_token()), permit);
+    let (identity, hold) = (authorized.identity, authorized.hold);
 
     let (parts, body) = req.into_parts();
     let idle = gh.idle_timeout;
     let bytes_up = Arc::new(AtomicU64::new(0));
-    let mut refs: Vec<(String, bool)> = Vec::new();
+    let mut refs: Vec<Subject> = Vec::new();
     let body: ProxyBody = if git.service.is_write() && git.op == Op::Rpc {
         // Every value is checked (all are forwarded): git never compresses a push, and
         // a coding the gateway did not read would hide the command list it judged.
@@ -142,17 +144,15 @@ pub async fn handle(
         let mut verdicts: Vec<(String, Option<String>)> = Vec::with_capacity(commands.updates().len());
         let mut first_refusal: Option<(String, String)> = None;
         for u in commands.updates() {
-            let d = identity.policy.decide_ref(&u.refname, u.is_delete());
-            if d.permits() {
+            let access = GitAccess::Ref { name: u.refname.clone(), delete: u.is_delete() };
+            let subject = Subject::Git { repo: git.full_name(), access };
+            let d = policy::decide(&identity.policy, &subject, identity.repos.as_deref());
+            let Some(reason) = d.reason() else {
                 verdicts.push((u.refname.clone(), None));
-                refs.push((u.refname.clone(), u.is_delete()));
+                refs.push(subject);
                 continue;
-            }
-            let hint = if u.is_delete() && !identity.policy.allows_ref_deletion() {
-                format!("deleting {} is not allowed (git.allow_delete)", u.refname)
-            } else {
-                format!("{} is not in git.push; add it to policies.{}.git.push", u.refname, identity.policy.name())
             };
+            let hint = policy::hint(&identity.policy, reason, &subject, &d).unwrap_or_default();
             verdicts.push((u.refname.clone(), Some(format!("{}: {hint}", DenyReason::GitRefDenied.code()))));
             first_refusal.get_or_insert((u.refname.clone(), hint));
         }
@@ -171,7 +171,7 @@ pub async fn handle(
         }
         let counted = Counting::new(Prefixed { head: Some(head), rest }, bytes_up.clone());
         // The refs are held too: a reload that narrows git.push ends the push.
-        hold.registration().set_held(Held::Git { repo: git.full_name(), write, refs: refs.clone() });
+        hold.registration().hold_also(refs);
         Revocable::new(IdleBody::new(counted, idle), hold.clone()).boxed_unsync()
     } else {
         Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone()).boxed_unsync()
@@ -180,7 +180,6 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry);
     }
 
-    let route = &shared.git;
     let perm = if write { Permission::Write } else { Permission::Read };
     let token = match route.credentials.token(&git.owner, &git.repo, perm).await {
         Ok(t) => t,
@@ -210,8 +209,8 @@ pub async fn handle(
     let Ok(up) = up.body(body) else {
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
-    let timeout = shared.config.proxy.response_header_timeout;
-    let sent = hold.registration().unless_ended(crate::upstream_tls::send(&route.client, up, timeout, "GitHub")).await;
+    let timeout = door.config.proxy.response_header_timeout;
+    let sent = hold.registration().unless_ended(crate::https_client::send(&route.client, up, timeout, "GitHub")).await;
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
@@ -224,31 +223,18 @@ pub async fn handle(
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    crate::proxy::forward::strip_hop_by_hop(&mut parts.headers, false);
+    strip_hop_by_hop(&mut parts.headers, false);
     for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
     }
     let body = Revocable::new(IdleBody::new(body, idle), hold.clone());
-    let body = crate::proxy::logged_body::LoggedBody::new(body, bytes_up, rec, hold);
+    let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }
 
-/// Authenticates: `Proxy-Authorization` always; on the origin-form entry also
-/// `Authorization` (what git sends after a 401 challenge).
-fn identify(
-    state: &State,
-    req: &Request<Incoming>,
-    conn: &ConnInfo,
-    entry: Entry,
-) -> Result<auth::Identity, AuthError> {
-    let h = req.headers();
-    let value = h
-        .get(header::PROXY_AUTHORIZATION)
-        .or_else(|| if entry == Entry::Origin { h.get(header::AUTHORIZATION) } else { None })
-        .map(|v| v.as_bytes());
-    let identity = auth::authenticate_header(&state.policies, &state.tokens, value, crate::tokens::now())?;
-    crate::proxy::check_binding(&identity, conn)?;
-    Ok(identity)
+/// Refusals the policy makes about a repository (git shows them as the server's).
+fn is_git_refusal(reason: DenyReason) -> bool {
+    matches!(reason, DenyReason::RepoNotConnected | DenyReason::GitWriteDenied)
 }
 
 /// Headers a git client needs upstream; everything else (credentials, cookies,
@@ -327,20 +313,20 @@ fn in_git_terms(
     content_type: &str,
     body: Bytes,
 ) -> Response<ProxyBody> {
-    let mut resp = Response::new(crate::proxy::respond::full(body));
+    let mut resp = Response::new(respond::full(body));
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(content_type) {
         h.insert(header::CONTENT_TYPE, v);
     }
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(crate::proxy::respond::DENY_REASON_HEADER, HeaderValue::from_static(reason.code()));
-    let explanation = crate::proxy::respond::explain(reason, Some(hint));
+    h.insert(respond::DENY_REASON_HEADER, HeaderValue::from_static(reason.code()));
+    let explanation = respond::explain(reason, Some(hint));
     if let Ok(v) = HeaderValue::from_str(&format!("egress-gateway; error=http_request_denied; details={explanation:?}"))
     {
-        h.insert(crate::proxy::respond::PROXY_STATUS, v);
+        h.insert(respond::PROXY_STATUS, v);
     }
     let rule = rec.rule.clone();
-    crate::proxy::record_denial(rec, reason, rule, resp)
+    record::recorded(rec, reason, rule, resp)
 }
 
 /// `head`, then the rest of the body.

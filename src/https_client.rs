@@ -19,9 +19,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::addr;
+use crate::dial::UpstreamAddr;
+use crate::door::ProxyBody;
 use crate::policy::DenyReason;
-use crate::proxy::ProxyBody;
-use crate::proxy::upstream::UpstreamAddr;
 use crate::resolve::{DialError, Resolver};
 
 /// Builds the client TLS configuration: platform roots plus `extra_ca` (PEM).
@@ -148,7 +148,7 @@ pub async fn send(
 ) -> Result<http::Response<hyper::body::Incoming>, (DenyReason, String)> {
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(match crate::proxy::upstream::dial_error(&e) {
+        Ok(Err(e)) => Err(match crate::dial::dial_error(&e) {
             Some(d) => (d.reason(), d.to_string()),
             None => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
         }),

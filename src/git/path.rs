@@ -54,7 +54,7 @@ impl GitRequest {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RouteError {
+pub enum PathError {
     #[error("malformed git path: {0}")]
     Malformed(&'static str),
     #[error("only git smart-HTTP clone, fetch and push are routed (no dumb protocol, no LFS)")]
@@ -76,44 +76,44 @@ fn repo_ok(s: &str) -> bool {
 
 /// Parses `path` (after the `/github.com` prefix, or the whole path of an
 /// absolute-form URL) with its `query` and the request `method`.
-pub fn parse(method: &str, path: &str, query: Option<&str>) -> Result<GitRequest, RouteError> {
+pub fn parse(method: &str, path: &str, query: Option<&str>) -> Result<GitRequest, PathError> {
     if !path.is_ascii() || path.contains(['%', '\\']) || path.contains("//") {
-        return Err(RouteError::Malformed("'%', '\\\\', '//' and non-ASCII are not allowed"));
+        return Err(PathError::Malformed("'%', '\\\\', '//' and non-ASCII are not allowed"));
     }
-    let rest = path.strip_prefix('/').ok_or(RouteError::Malformed("expected /OWNER/REPO/..."))?;
+    let rest = path.strip_prefix('/').ok_or(PathError::Malformed("expected /OWNER/REPO/..."))?;
     let mut parts = rest.splitn(3, '/');
     let (Some(owner), Some(repo), Some(tail)) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(RouteError::Malformed("expected /OWNER/REPO/..."));
+        return Err(PathError::Malformed("expected /OWNER/REPO/..."));
     };
     if tail.split('/').any(|seg| seg == "." || seg == "..") || owner == ".." || repo == ".." {
-        return Err(RouteError::Malformed("'.' and '..' segments are not allowed"));
+        return Err(PathError::Malformed("'.' and '..' segments are not allowed"));
     }
     let repo = repo.strip_suffix(".git").unwrap_or(repo);
     if !owner_ok(owner) {
-        return Err(RouteError::Malformed("owner must be 1-39 letters, digits or '-'"));
+        return Err(PathError::Malformed("owner must be 1-39 letters, digits or '-'"));
     }
     if !repo_ok(repo) {
-        return Err(RouteError::Malformed("repository must be 1-100 letters, digits, '.', '_' or '-'"));
+        return Err(PathError::Malformed("repository must be 1-100 letters, digits, '.', '_' or '-'"));
     }
     let (service, op) = match (tail, query) {
         ("info/refs", Some("service=git-upload-pack")) => (Service::UploadPack, Op::InfoRefs),
         ("info/refs", Some("service=git-receive-pack")) => (Service::ReceivePack, Op::InfoRefs),
         // Without a service: the dumb protocol.
-        ("info/refs", None) => return Err(RouteError::Unsupported),
+        ("info/refs", None) => return Err(PathError::Unsupported),
         ("info/refs", Some(_)) => {
-            return Err(RouteError::Malformed("info/refs takes exactly ?service=git-upload-pack or git-receive-pack"));
+            return Err(PathError::Malformed("info/refs takes exactly ?service=git-upload-pack or git-receive-pack"));
         }
         ("git-upload-pack", None) => (Service::UploadPack, Op::Rpc),
         ("git-receive-pack", None) => (Service::ReceivePack, Op::Rpc),
-        ("git-upload-pack" | "git-receive-pack", Some(_)) => return Err(RouteError::Malformed("unexpected query")),
-        _ => return Err(RouteError::Unsupported),
+        ("git-upload-pack" | "git-receive-pack", Some(_)) => return Err(PathError::Malformed("unexpected query")),
+        _ => return Err(PathError::Unsupported),
     };
     let method_ok = match op {
         Op::InfoRefs => method == "GET" || method == "HEAD",
         Op::Rpc => method == "POST",
     };
     if !method_ok {
-        return Err(RouteError::Method);
+        return Err(PathError::Method);
     }
     Ok(GitRequest { owner: owner.to_string(), repo: repo.to_string(), service, op })
 }

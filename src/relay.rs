@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::zero_copy;
+pub mod zero_copy;
 
 const BUF_SIZE: usize = 16 * 1024;
 

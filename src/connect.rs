@@ -11,19 +11,19 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use super::registry::Held;
-use super::{ConnInfo, ProxyBody, Shared, reject, respond, tunnel};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr;
-use crate::policy::DenyReason;
+use crate::door::registry::ENDED_HINT;
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
+use crate::policy::{DenyReason, Subject};
+use crate::relay;
 use crate::reload::State;
 
-pub async fn handle(
-    req: Request<Incoming>,
-    conn: &ConnInfo,
-    shared: &Arc<Shared>,
-    state: Arc<State>,
-) -> Response<ProxyBody> {
+fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<ProxyBody> {
+    door::refuse(rec, Refusal::new(reason, hint), Entry::Absolute)
+}
+
+pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, door: &Door, state: Arc<State>) -> Response<ProxyBody> {
     let mut rec = AccessRecord::with_vpce(
         Kind::Connect,
         "CONNECT",
@@ -54,35 +54,33 @@ pub async fn handle(
     };
     rec.target = target.to_string();
 
-    let super::Authorized { identity: sandbox, permit } =
-        match super::authorize(&mut rec, &state, &req, conn, shared, &target) {
-            Ok(a) => a,
-            Err(resp) => return *resp,
-        };
-
     // Registered before the dial: a reload while the gateway resolves and connects
     // (which the client can stretch) ends this tunnel like any open one.
-    let registration = shared.tunnels.register(&sandbox, Held::Host(target.clone()), shared.hard_stop.child_token());
-    let (upstream, upstream_addr) = match registration.unless_ended(shared.resolver.dial(&target)).await {
+    let presented = Presented::proxy(req.headers());
+    let hold = match door::authorize(door, &state, &mut rec, conn, presented, Subject::Host(target.clone())) {
+        Ok(a) => a.hold,
+        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+    };
+    let (upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {
         Some(Ok(ok)) => ok,
         Some(Err(e)) => {
             let reason = e.reason();
             return reject(&mut rec, reason, &e.to_string());
         }
-        None => return reject(&mut rec, DenyReason::AuthInvalid, super::registry::ENDED_HINT),
+        None => return reject(&mut rec, DenyReason::AuthInvalid, ENDED_HINT),
     };
     rec.upstream_addr = Some(upstream_addr);
     rec.status = 200;
 
     let on_upgrade = hyper::upgrade::on(req);
-    let idle = shared.config.proxy.tunnel_idle_timeout;
+    let idle = door.config.proxy.tunnel_idle_timeout;
     // Counted and registered from before the `200` is written, so a scrape or a reload
     // right after it sees the tunnel.
     let slot = conn.slot.clone();
     let active = crate::metrics::ActiveGuard::tunnel();
-    shared.tasks.spawn(async move {
-        let (_permit, _slot, _active) = (permit, slot, active);
-        let cancel = registration.token().clone();
+    door.tasks.spawn(async move {
+        let (_slot, _active) = (slot, active);
+        let cancel = hold.registration().token().clone();
         match on_upgrade.await {
             Ok(upgraded) => {
                 let out = relay(upgraded, upstream, idle, &cancel).await;
@@ -105,18 +103,18 @@ async fn relay(
     mut upstream: TcpStream,
     idle: Duration,
     cancel: &CancellationToken,
-) -> tunnel::Outcome {
+) -> relay::Outcome {
     match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => {
             // Bytes the client sent right behind the CONNECT head.
             let early = parts.read_buf.len() as u64;
             if early > 0 && upstream.write_all(&parts.read_buf).await.is_err() {
-                return tunnel::Outcome { up: 0, down: 0, end: tunnel::End::Error };
+                return relay::Outcome { up: 0, down: 0, end: relay::End::Error };
             }
             drop(parts.read_buf);
-            tunnel::relay_tcp(parts.io.into_inner(), upstream, early, idle, cancel).await
+            relay::relay_tcp(parts.io.into_inner(), upstream, early, idle, cancel).await
         }
         // Boxed: the cold path's buffers and state stay out of every tunnel's task.
-        Err(upgraded) => Box::pin(tunnel::relay(TokioIo::new(upgraded), upstream, idle, cancel)).await,
+        Err(upgraded) => Box::pin(relay::relay(TokioIo::new(upgraded), upstream, idle, cancel)).await,
     }
 }

@@ -1,0 +1,119 @@
+//! The front door: what every entry path (CONNECT, absolute-form forwarding, the git
+//! route, API routes) goes through before it does its own I/O.
+//!
+//! - [`identify`]: which sandbox (credentials, failure budget, VPC endpoint and
+//!   client-certificate binding);
+//! - [`authorize`]: the policy decision over a [`Subject`](crate::policy::Subject),
+//!   shadow policies, report mode, limits, and the connection's registration (so
+//!   reload and expiry sweeps can end it);
+//! - [`record`]: every refusal answered and logged the same way, from one event (the
+//!   [`AccessRecord`](crate::access_log::AccessRecord)).
+//!
+//! Handlers receive an [`Authorized`] request and never import the dispatcher
+//! ([`crate::proxy`]) or each other.
+
+pub mod admission;
+pub mod bodies;
+pub mod headers;
+pub mod limits;
+pub mod record;
+pub mod registry;
+pub mod respond;
+
+mod authorize;
+mod identify;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::reload::Store;
+use crate::resolve::Resolver;
+
+pub use authorize::{Authorized, SANDBOX_CONNECTIONS_HINT, authorize, authorize_as, identified};
+pub use identify::{AUTH_HINT, Presented, identify};
+pub use record::{Refusal, refuse};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What the door and every handler share: configuration, the current policies, the
+/// resolver, limits and the registry of live connections.
+pub struct Door {
+    pub config: Config,
+    pub store: Store,
+    pub resolver: Arc<Resolver>,
+    /// Tunnels and upgraded connections outlive their request; they are tracked here so
+    /// shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// Fires when in-flight work must stop (after the shutdown grace period).
+    pub hard_stop: CancellationToken,
+    /// Every live connection, with the subject that authorized it.
+    pub registry: registry::Registry,
+    /// Per-sandbox concurrency and rate (`proxy.sandbox_max_*`).
+    pub limits: limits::SandboxLimits,
+    /// Per API route: the per-sandbox request budget (`sandbox_requests_per_minute`).
+    pub route_budgets: HashMap<String, limits::SandboxLimits>,
+    /// Per client address: connections not yet authenticated, failed authentications.
+    pub admission: Arc<admission::Admission>,
+}
+
+/// Keeps a connection's place under `proxy.max_connections` (and in the gauges) while
+/// any tunnel or upgraded exchange on it lives; the dispatcher decides what is in it.
+pub type Slot = Arc<dyn Send + Sync>;
+
+/// Per-connection facts.
+#[derive(Clone)]
+pub struct ConnInfo {
+    /// The client: the TCP peer, or the address a trusted PROXY header names.
+    pub peer: SocketAddr,
+    /// The AWS VPC endpoint the connection came through (PROXY protocol v2 TLV).
+    pub vpce: Option<String>,
+    /// With `proxy.tls_client_cn_is_sandbox`: the client certificate's subject CN,
+    /// which must equal the authenticated sandbox id.
+    pub client_cn: Option<String>,
+    /// The connection's place; tunnels and upgraded connections keep a clone, so they
+    /// count until they close.
+    pub slot: Option<Slot>,
+    /// Counts against its address's unauthenticated share until a request on it
+    /// authenticates.
+    pub pending: Option<Arc<admission::Pending>>,
+}
+
+impl std::fmt::Debug for ConnInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnInfo")
+            .field("peer", &self.peer)
+            .field("vpce", &self.vpce)
+            .field("client_cn", &self.client_cn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnInfo {
+    /// A request on this connection was authorized (identity, policy and limits) for
+    /// `sandbox`: the connection no longer counts against its address's unauthenticated
+    /// share, and counts for the sandbox instead. A request the policy refuses does not
+    /// count: refused requests cost nothing and would otherwise let one sandbox hold
+    /// connections for free. `false`: the sandbox holds its share of connections.
+    pub fn authorized(&self, sandbox: &str) -> bool {
+        self.pending.as_ref().is_none_or(|p| p.authorized(sandbox))
+    }
+}
+
+/// How a request reached the gateway, which decides where credentials may be and how
+/// a missing credential is challenged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// Through the proxy (CONNECT or absolute-form): `Proxy-Authorization`, `407`.
+    Absolute,
+    /// Origin-form on the gateway itself (git, API routes): credentials may also come
+    /// in `Authorization` (after a `401` challenge) or an API key header.
+    Origin,
+}

@@ -1,0 +1,129 @@
+//! The one authorization every entry path takes: identify, decide the subject (and
+//! under shadow policies), report mode, limits, and the registration that lets reload
+//! and expiry sweeps end what the new state refuses.
+
+use std::sync::Arc;
+
+use super::identify::{AUTH_HINT, Presented, identify};
+use super::record::Refusal;
+use super::registry::Hold;
+use super::{ConnInfo, Door};
+use crate::access_log::AccessRecord;
+use crate::auth::{AuthError, Identity};
+use crate::policy::{self, Decision, DenyReason, Outcome, Subject};
+use crate::reload::State;
+
+/// The hint of a request refused because its sandbox holds its share of connections.
+pub const SANDBOX_CONNECTIONS_HINT: &str = "this sandbox holds proxy.sandbox_max_connections open connections; \
+                                            reuse them, or close some";
+
+/// A request that passed identification, policy and limits.
+pub struct Authorized {
+    pub identity: Identity,
+    /// Its registration and concurrency slot, held by whatever carries the request on
+    /// (a tunnel task, request and response bodies) for as long as it lives.
+    pub hold: Arc<Hold>,
+}
+
+/// Authorizes `subject` for the sandbox the request's credentials name. Fills the
+/// access record's identity and decision fields; a refusal is returned for the
+/// handler to answer in its own terms (most use [`super::refuse`]).
+pub fn authorize(
+    door: &Door,
+    state: &State,
+    rec: &mut AccessRecord,
+    conn: &ConnInfo,
+    presented: Presented<'_>,
+    subject: Subject,
+) -> Result<Authorized, Refusal> {
+    let identity = identified(door, state, conn, presented)?;
+    authorize_as(door, state, rec, conn, identity, subject)
+}
+
+/// [`identify`], with a failure as the refusal to answer.
+pub fn identified(door: &Door, state: &State, conn: &ConnInfo, presented: Presented<'_>) -> Result<Identity, Refusal> {
+    match identify(door, state, conn, presented) {
+        Ok(i) => Ok(i),
+        Err(e @ (AuthError::WrongNetwork | AuthError::WrongCertificate | AuthError::TooManyFailures)) => {
+            Err(Refusal::new(e.reason(), e.to_string()))
+        }
+        Err(e) => Err(Refusal::new(e.reason(), AUTH_HINT)),
+    }
+}
+
+/// [`authorize`] for an identity already established (a handler that needed the
+/// sandbox's policy to know what the subject is).
+pub fn authorize_as(
+    door: &Door,
+    state: &State,
+    rec: &mut AccessRecord,
+    conn: &ConnInfo,
+    identity: Identity,
+    subject: Subject,
+) -> Result<Authorized, Refusal> {
+    rec.sandbox = Some(identity.sandbox.clone());
+    rec.policy = Some(identity.policy.name().to_string());
+
+    let decision = policy::decide(&identity.policy, &subject, identity.repos.as_deref());
+    record_decision(rec, &identity, &decision);
+    shadow_compare(rec, state, &identity.sandbox, &subject);
+    if let Some(reason) = decision.reason()
+        && !decision.permits()
+    {
+        let hint = policy::hint(&identity.policy, reason, &subject, &decision);
+        return Err(Refusal { reason, hint, rule: decision.rule().map(|r| r.logged()), status: None });
+    }
+
+    if let Subject::Route { route, .. } = &subject
+        && let Some(budget) = door.route_budgets.get(route)
+        && budget.acquire(&identity.sandbox).is_err()
+    {
+        return Err(Refusal::new(DenyReason::LimitExceeded, format!("request budget of route {route} exceeded")));
+    }
+    let permit = match door.limits.acquire(&identity.sandbox) {
+        Ok(p) => p,
+        Err(e) => return Err(Refusal::new(DenyReason::LimitExceeded, e.to_string())),
+    };
+    if !conn.authorized(&identity.sandbox) {
+        return Err(Refusal::new(DenyReason::LimitExceeded, SANDBOX_CONNECTIONS_HINT));
+    }
+    // Registered before any I/O on its behalf (a dial, a body read): a sweep while the
+    // client stretches those ends it like any open connection.
+    let registration = door.registry.register(&identity, subject, door.hard_stop.child_token());
+    Ok(Authorized { identity, hold: Hold::new(registration, permit) })
+}
+
+/// Fills the decision fields of a record; logs a report-mode `would_deny`.
+fn record_decision(rec: &mut AccessRecord, identity: &Identity, decision: &Decision<'_>) {
+    rec.decision = decision.outcome();
+    rec.reason = decision.reason().map(DenyReason::code);
+    rec.rule = decision.rule().map(|r| r.logged());
+    if decision.outcome() == Outcome::WouldDeny {
+        tracing::info!(
+            sandbox = %identity.sandbox,
+            policy = identity.policy.name(),
+            target = %rec.target,
+            reason = decision.reason().map(DenyReason::code),
+            "would_deny: policy in report mode let a denied request through"
+        );
+    }
+}
+
+/// Decides `subject` under the shadow policies too; a disagreement is recorded on the
+/// access record and counted. Never changes what happens to the request.
+fn shadow_compare(rec: &mut AccessRecord, state: &State, sandbox: &str, subject: &Subject) {
+    let Some(shadow) = &state.shadow else { return };
+    let shadow_outcome = match shadow.sandbox(sandbox) {
+        Some(s) => policy::decide(&s.policy, subject, None).outcome(),
+        None => Outcome::Deny,
+    };
+    if shadow_outcome != rec.decision {
+        rec.shadow_decision = Some(shadow_outcome);
+        ::metrics::counter!(
+            crate::metrics::POLICY_SHADOW_DISAGREEMENTS,
+            "live" => rec.decision.as_str(),
+            "shadow" => shadow_outcome.as_str()
+        )
+        .increment(1);
+    }
+}

@@ -1,0 +1,86 @@
+//! Header hygiene every handler applies: hop-by-hop headers (and those `Connection`
+//! names) never cross the gateway.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Typed names: removing by a standard name hashes no string.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+pub fn is_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
+}
+
+fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
+    h.get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Removes hop-by-hop headers, including those named in `Connection`. For an upgrade,
+/// `Upgrade` and `Connection: upgrade` are kept so the upstream sees the handshake.
+pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
+    if h.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = connection_tokens(h)
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter(|n| !(keep_upgrade && n == header::UPGRADE))
+            .collect();
+        for n in named {
+            h.remove(n);
+        }
+    }
+    let upgrade = if keep_upgrade { h.get(header::UPGRADE).cloned() } else { None };
+    for n in &HOP_BY_HOP {
+        h.remove(n);
+    }
+    if let Some(u) = upgrade {
+        h.insert(header::UPGRADE, u);
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("proxy-authorization", "Basic abc"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("accept", "*/*"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn upgrade_headers_survive_for_websocket() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Upgrade"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+    }
+}

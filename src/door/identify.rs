@@ -1,0 +1,97 @@
+//! Which sandbox is asking: the one place credentials are read and checked.
+
+use http::HeaderMap;
+use http::header::{self, HeaderName};
+
+use super::{ConnInfo, Door, Entry};
+use crate::auth::{self, AuthError, Credentials, Identity};
+use crate::reload::State;
+
+/// What a sandbox is told when its proxy credentials are missing or wrong.
+pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL";
+
+/// Where a request's credentials may be.
+#[derive(Debug, Clone, Copy)]
+pub struct Presented<'a> {
+    pub headers: &'a HeaderMap,
+    pub entry: Entry,
+    /// An API route's key header and its value prefix: on the origin-form entry an SDK
+    /// sends `ID:TOKEN` there as its API key.
+    pub api_key: Option<(&'a HeaderName, &'a str)>,
+}
+
+impl<'a> Presented<'a> {
+    /// Credentials in `Proxy-Authorization` only: CONNECT and absolute-form requests.
+    pub fn proxy(headers: &'a HeaderMap) -> Self {
+        Presented { headers, entry: Entry::Absolute, api_key: None }
+    }
+
+    /// The credentials, from the first place that has any: `Proxy-Authorization`;
+    /// on the origin-form entry, `Authorization` (`Basic`, or `Bearer ID:TOKEN`), then
+    /// the API key header.
+    fn credentials(&self) -> Result<Credentials, AuthError> {
+        let h = self.headers;
+        if let Some(v) = h.get(header::PROXY_AUTHORIZATION) {
+            return auth::parse_basic(v.as_bytes());
+        }
+        if self.entry == Entry::Absolute {
+            return Err(AuthError::Missing);
+        }
+        if let Some(v) = h.get(header::AUTHORIZATION) {
+            let v = v.to_str().map_err(|_| AuthError::Malformed)?;
+            return match v.split_once(' ') {
+                Some((s, _)) if s.eq_ignore_ascii_case("basic") => auth::parse_basic(v.as_bytes()),
+                Some((s, rest)) if s.eq_ignore_ascii_case("bearer") => pair(rest.trim()),
+                _ => Err(AuthError::Malformed),
+            };
+        }
+        if let Some((name, prefix)) = self.api_key
+            && let Some(v) = h.get(name).and_then(|v| v.to_str().ok())
+        {
+            return pair(v.trim().strip_prefix(prefix).unwrap_or(v.trim()));
+        }
+        Err(AuthError::Missing)
+    }
+}
+
+fn pair(s: &str) -> Result<Credentials, AuthError> {
+    let (id, token) = s.split_once(':').ok_or(AuthError::Malformed)?;
+    if id.is_empty() || token.is_empty() {
+        return Err(AuthError::Malformed);
+    }
+    Ok(Credentials::new(id, token))
+}
+
+/// Authenticates a request under its client address's budget of failures (over it,
+/// the credential is not checked at all: `limit_exceeded`), and holds the identity to
+/// the connection: a sandbox bound to VPC endpoints must come through one of them, and
+/// with mutual TLS the client certificate's CN (when required to) must be the sandbox.
+/// A failure other than no credentials at all spends budget.
+pub fn identify(door: &Door, state: &State, conn: &ConnInfo, presented: Presented<'_>) -> Result<Identity, AuthError> {
+    let ip = conn.peer.ip();
+    if !door.admission.may_try(ip) {
+        return Err(AuthError::TooManyFailures);
+    }
+    let result = presented
+        .credentials()
+        .and_then(|c| auth::authenticate(&state.policies, &state.tokens, &c, crate::tokens::now()))
+        .and_then(|identity| check_binding(&identity, conn).map(|()| identity));
+    if let Err(e) = &result
+        && *e != AuthError::Missing
+    {
+        door.admission.failed(ip);
+    }
+    result
+}
+
+fn check_binding(identity: &Identity, conn: &ConnInfo) -> Result<(), AuthError> {
+    if !identity.vpce.is_empty() && !conn.vpce.as_ref().is_some_and(|v| identity.vpce.contains(v)) {
+        return Err(AuthError::WrongNetwork);
+    }
+    if let Some(cn) = &conn.client_cn
+        && cn != &identity.sandbox
+    {
+        return Err(AuthError::WrongCertificate);
+    }
+    Ok(())
+}

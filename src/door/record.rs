@@ -1,0 +1,78 @@
+//! Every refusal, on every entry path, answered and recorded the same way: the deny
+//! reason as a status, a reason phrase, `Proxy-Status`, `X-Egress-Deny-Reason` and a
+//! JSON body, and one access record (log line and metrics) for it.
+
+use http::header::{HeaderValue, PROXY_AUTHENTICATE, WWW_AUTHENTICATE};
+use http::{Response, StatusCode};
+
+use super::respond::{self, Denial};
+use super::{Entry, ProxyBody};
+use crate::access_log::AccessRecord;
+use crate::policy::{DenyReason, Outcome};
+
+/// Why a request is refused, and what to tell its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: DenyReason,
+    /// What to do instead, or the specific detail.
+    pub hint: Option<String>,
+    /// The policy rule that refused it, as the access log names rules.
+    pub rule: Option<String>,
+    /// A status other than the reason's own (`403` for a refused route method, say).
+    pub status: Option<StatusCode>,
+}
+
+impl Refusal {
+    pub fn new(reason: DenyReason, hint: impl Into<String>) -> Refusal {
+        Refusal { reason, hint: Some(hint.into()), rule: None, status: None }
+    }
+
+    pub fn with_status(mut self, status: StatusCode) -> Refusal {
+        self.status = Some(status);
+        self
+    }
+}
+
+/// Records and answers a refusal. On the origin-form entry a credentials refusal is
+/// `401` with `WWW-Authenticate` instead of `407`, so clients that are not talking to a
+/// proxy (git, SDKs) send credentials.
+pub fn refuse(rec: &mut AccessRecord, refusal: Refusal, entry: Entry) -> Response<ProxyBody> {
+    let Refusal { reason, hint, rule, status } = refusal;
+    let mut resp = respond::deny(
+        reason,
+        &Denial {
+            target: Some(&rec.target),
+            sandbox: rec.sandbox.as_deref(),
+            policy: rec.policy.as_deref(),
+            rule: rule.as_deref(),
+            hint: hint.clone(),
+        },
+    );
+    if let Some(s) = status {
+        *resp.status_mut() = s;
+    }
+    if entry == Entry::Origin && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        *resp.status_mut() = StatusCode::UNAUTHORIZED;
+        resp.headers_mut().remove(PROXY_AUTHENTICATE);
+        resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
+    }
+    if status.is_some() || entry == Entry::Origin {
+        respond::rephrase(&mut resp, reason, hint.as_deref());
+    }
+    recorded(rec, reason, rule, resp)
+}
+
+/// Records a refusal answered in a handler's own terms (git's smart-HTTP refusals).
+pub fn recorded(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    rule: Option<String>,
+    resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    rec.decision = Outcome::Deny;
+    rec.reason = Some(reason.code());
+    rec.rule = rule;
+    rec.status = resp.status().as_u16();
+    rec.emit();
+    resp
+}

@@ -1,0 +1,169 @@
+//! Absolute-form HTTP forwarding (`GET http://host/path`): the same decision path as
+//! CONNECT, then the request is re-issued upstream through a pooled client whose
+//! connector dials only vetted addresses. Bodies stream both ways; hop-by-hop headers
+//! and `Proxy-Authorization` are stripped; `Host` comes from the URI. A `101` upgrade
+//! (WebSocket) is relayed as a tunnel.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioIo;
+
+use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::addr::{self, Target};
+use crate::dial::{self, UpstreamAddr, VettingConnector};
+use crate::door::bodies::{Counting, LoggedBody};
+use crate::door::headers::{is_upgrade, strip_hop_by_hop};
+use crate::door::registry::{ENDED_HINT, Hold, Revocable};
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
+use crate::policy::{DenyReason, Subject};
+use crate::reload::State;
+
+/// What a forwarded request body is, upstream: counted, and cut by a sweep.
+pub type UpBody = Counting<Revocable<Incoming>>;
+pub type UpstreamClient = Client<VettingConnector, UpBody>;
+
+/// The forwarding handler's own state: one pooled client per proxy thread, so a
+/// pooled upstream connection is driven by the thread whose requests use it.
+pub struct Forwarder {
+    pub clients: Vec<UpstreamClient>,
+}
+
+impl Forwarder {
+    /// The calling proxy thread's client (`thread`: its index, when on one).
+    pub fn client(&self, thread: Option<usize>) -> &UpstreamClient {
+        &self.clients[thread.unwrap_or(0) % self.clients.len()]
+    }
+}
+
+pub async fn handle(
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    client: &UpstreamClient,
+    state: Arc<State>,
+) -> Response<ProxyBody> {
+    let mut rec = AccessRecord::with_vpce(
+        Kind::Forward,
+        req.method().as_str(),
+        String::new(),
+        conn.peer,
+        state.generation,
+        conn.vpce.clone(),
+    );
+    let reject = |rec: &mut AccessRecord, reason: DenyReason, hint: &str| {
+        door::refuse(rec, Refusal::new(reason, hint), Entry::Absolute)
+    };
+    // Only a refused request that never parsed needs its raw target recorded.
+    let refuse = |rec: &mut AccessRecord, hint: &str| {
+        rec.target = raw_target(&req.uri().to_string());
+        reject(rec, DenyReason::BadRequest, hint)
+    };
+
+    match req.uri().scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return refuse(
+                &mut rec,
+                "https:// URLs go through CONNECT: configure this gateway as the proxy for https too",
+            );
+        }
+        _ => return refuse(&mut rec, "only http:// URLs can be forwarded"),
+    }
+    let authority = req.uri().authority().map(|a| a.as_str()).unwrap_or_default();
+    let target = match addr::parse_authority(authority, Some(80)) {
+        Ok(t) => t,
+        Err(e) => return refuse(&mut rec, &format!("invalid URL authority: {e}")),
+    };
+    rec.target = target.to_string();
+
+    let presented = Presented::proxy(req.headers());
+    let hold = match door::authorize(door, &state, &mut rec, conn, presented, Subject::Host(target.clone())) {
+        Ok(a) => a.hold,
+        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+    };
+
+    let wants_upgrade = is_upgrade(req.headers());
+    let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let up_req = match upstream_request(req, &target, wants_upgrade, hold.clone()) {
+        Ok((r, counter)) => (r, counter),
+        Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
+    };
+    let (up_req, bytes_up) = up_req;
+
+    let timeout = door.config.proxy.response_header_timeout;
+    let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, client.request(up_req))).await;
+    let Some(sent) = sent else {
+        return reject(&mut rec, DenyReason::AuthInvalid, ENDED_HINT);
+    };
+    let mut resp = match sent {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => {
+            let (reason, detail) = match dial::dial_error(&e) {
+                Some(d) => (d.reason(), d.to_string()),
+                None => (DenyReason::UpstreamUnreachable, format!("upstream request failed: {e}")),
+            };
+            return reject(&mut rec, reason, &detail);
+        }
+        Err(_) => {
+            return reject(&mut rec, DenyReason::UpstreamTimeout, "no response headers in time");
+        }
+    };
+    rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    rec.status = resp.status().as_u16();
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let idle = door.config.proxy.tunnel_idle_timeout;
+        let slot = conn.slot.clone();
+        // Counted from before the `101` is written, so a scrape after it sees it.
+        let active = crate::metrics::ActiveGuard::tunnel();
+        door.tasks.spawn(async move {
+            let (_slot, _active) = (slot, active);
+            let cancel = hold.registration().token().clone();
+            if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
+                let out = crate::relay::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel).await;
+                rec.bytes_up = out.up;
+                rec.bytes_down = out.down;
+            }
+            rec.emit();
+        });
+        let (mut parts, _) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, true);
+        return Response::from_parts(parts, respond::empty());
+    }
+
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    let body = Revocable::new(body, hold.clone());
+    let body = LoggedBody::new(body, bytes_up, rec, hold);
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Builds the upstream request: origin URI from the normalised target, hop-by-hop
+/// headers and proxy credentials removed, `Host` set from the URI.
+fn upstream_request(
+    req: Request<Incoming>,
+    target: &Target,
+    upgrade: bool,
+    hold: Arc<Hold>,
+) -> Result<(Request<UpBody>, Arc<AtomicU64>), &'static str> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri: Uri = format!("http://{target}{path}").parse().map_err(|_| "invalid request path")?;
+    parts.uri = uri;
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    let host = if target.port == 80 { target.host.to_string() } else { target.to_string() };
+    let host = HeaderValue::from_str(&host).map_err(|_| "invalid host")?;
+    parts.headers.insert(header::HOST, host);
+    let counter = Arc::new(AtomicU64::new(0));
+    let body = Counting::new(Revocable::new(body, hold), counter.clone());
+    Ok((Request::from_parts(parts, body), counter))
+}
