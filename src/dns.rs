@@ -6,5 +6,6 @@ pub mod ratelimit;
 pub mod server;
 #[cfg(target_os = "linux")]
 mod udp_batch;
+pub mod wire;
 
 pub use server::DnsServer;

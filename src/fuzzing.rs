@@ -184,7 +184,7 @@ pub fn dns_datagram(data: &[u8]) {
     let Some(handler) = handler else { return };
     let peer: SocketAddr = ([127, 0, 0, 1], 5353).into();
     for proto in [hickory_net::xfer::Protocol::Udp, hickory_net::xfer::Protocol::Tcp] {
-        let reply = futures_executor::block_on(crate::dns::server::answer_bytes(data, peer, proto, handler));
+        let reply = futures_executor::block_on(crate::dns::wire::answer_bytes(data, peer, proto, handler));
         if let Some(r) = reply {
             assert!(r.len() >= 12 && r[..2] == data[..2], "id echoed");
             assert!(r[2] & 0x80 != 0, "a response");

@@ -43,12 +43,23 @@ fn upstream_routes(
     Ok((crate::git::handler::GitRoute { client: client(), credentials }, routes))
 }
 
-/// Everything the proxy port needs, without listeners: loaded policies, the resolver
-/// (with `recorder`, dials are recorded instead of made), upstream clients, TLS state.
-pub fn build_shared(
+/// Everything the proxy port needs, without listeners: loaded policies, the resolver,
+/// upstream clients, TLS state.
+pub fn build_shared(config: Config) -> Result<Arc<Shared>, GatewayError> {
+    build_shared_with(config, |_| {})
+}
+
+/// [`build_shared`] for the request-head fuzz target: dials are recorded by
+/// `recorder` instead of made.
+#[cfg(feature = "fuzzing")]
+pub fn build_shared_recording(
     config: Config,
-    recorder: Option<crate::resolve::DialRecorder>,
+    recorder: crate::resolve::DialRecorder,
 ) -> Result<Arc<Shared>, GatewayError> {
+    build_shared_with(config, |resolver| resolver.record_dials_instead(recorder))
+}
+
+fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Result<Arc<Shared>, GatewayError> {
     let loaded = crate::reload::load(&config)?;
     let mut resolver = Resolver::with_keepalive(
         &config.resolver,
@@ -57,9 +68,7 @@ pub fn build_shared(
         config.proxy.tcp_keepalive,
     )
     .map_err(GatewayError::Resolver)?;
-    if let Some(r) = recorder {
-        resolver.record_dials_instead(r);
-    }
+    prepare(&mut resolver);
     let resolver = Arc::new(resolver);
     let client = || {
         Client::builder(TokioExecutor::new())
@@ -144,7 +153,7 @@ impl Gateway {
     /// every listener, so that errors surface before anything is served.
     pub async fn bind(config: Config) -> Result<Gateway, GatewayError> {
         crate::metrics::install();
-        let shared = build_shared(config, None)?;
+        let shared = build_shared(config)?;
         let bind = |what: &'static str, addr: SocketAddr| async move {
             TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { what, addr, source })
         };

@@ -13,6 +13,7 @@ pub mod dial;
 pub mod dns;
 pub mod door;
 pub mod forward;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod gateway;
 pub mod git;

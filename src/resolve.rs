@@ -45,10 +45,12 @@ impl DialError {
 
 /// Sees every address the gateway is about to dial, instead of the dial: for the
 /// request-head fuzz target, which must never open a connection.
+#[cfg(feature = "fuzzing")]
 pub type DialRecorder = std::sync::Arc<dyn Fn(&Target, SocketAddr) + Send + Sync>;
 
 pub struct Resolver {
     hosts: HashMap<String, Vec<IpAddr>>,
+    #[cfg(feature = "fuzzing")]
     recorder: Option<DialRecorder>,
     dns: TokioResolver,
     filter: EgressFilter,
@@ -110,6 +112,7 @@ impl Resolver {
         let dns = builder.build().map_err(io::Error::other)?;
         Ok(Resolver {
             hosts: cfg.hosts.clone(),
+            #[cfg(feature = "fuzzing")]
             recorder: None,
             dns,
             filter,
@@ -120,6 +123,7 @@ impl Resolver {
     }
 
     /// From now on, dials are recorded and fail instead of connecting.
+    #[cfg(feature = "fuzzing")]
     pub fn record_dials_instead(&mut self, recorder: DialRecorder) {
         self.recorder = Some(recorder);
     }
@@ -161,6 +165,7 @@ impl Resolver {
     pub async fn dial(&self, target: &Target) -> Result<(TcpStream, SocketAddr), DialError> {
         let addrs = self.vetted(target).await?;
         let deadline = Instant::now() + self.connect_timeout;
+        #[cfg(feature = "fuzzing")]
         if let Some(record) = &self.recorder {
             for addr in addrs {
                 record(target, addr);

@@ -2,6 +2,7 @@
 //! named default for every key. Nothing here interprets a value; `validate` does.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -47,10 +48,10 @@ pub struct RawInject {
     pub header: String,
     #[serde(default)]
     pub prefix: String,
-    #[serde(default)]
-    pub secret_file: String,
-    #[serde(default)]
-    pub secret_env: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub secret_file: Option<PathBuf>,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub secret_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,10 +60,12 @@ pub struct RawGithub {
     pub web_url: String,
     pub api_url: String,
     /// Extra CA certificates (PEM) trusted for GitHub, besides the platform's.
-    pub ca_file: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub ca_file: Option<PathBuf>,
     /// GitHub App id; 0: no App.
     pub app_id: u64,
-    pub private_key_file: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub private_key_file: Option<PathBuf>,
     /// owner -> file holding a static token for that owner's repositories.
     pub token_files: BTreeMap<String, String>,
     #[serde(with = "humantime_serde")]
@@ -77,9 +80,9 @@ impl Default for RawGithub {
         RawGithub {
             web_url: "https://github.com".to_string(),
             api_url: "https://api.github.com".to_string(),
-            ca_file: String::new(),
+            ca_file: None,
             app_id: 0,
-            private_key_file: String::new(),
+            private_key_file: None,
             token_files: BTreeMap::new(),
             refresh_before: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(120),
@@ -95,7 +98,8 @@ pub struct RawTokens {
     #[serde(with = "humantime_serde")]
     pub leeway: Duration,
     /// Sandbox ids and token ids (`jti`), one per line; reloaded with the policies.
-    pub revocation_file: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub revocation_file: Option<PathBuf>,
     pub keys: Vec<RawKey>,
     /// How long past its token's `exp` a connection authenticated by a signed token may
     /// stay open: a duration, or "off".
@@ -107,7 +111,7 @@ impl Default for RawTokens {
         RawTokens {
             max_ttl: Duration::from_secs(24 * 3600),
             leeway: Duration::from_secs(30),
-            revocation_file: String::new(),
+            revocation_file: None,
             keys: Vec::new(),
             expiry_grace: "60s".to_string(),
         }
@@ -120,10 +124,14 @@ pub struct RawKey {
     pub kid: String,
     /// "HS256" or "EdDSA".
     pub alg: String,
-    pub secret_file: String,
-    pub secret_env: String,
-    pub public_key_file: String,
-    pub private_key_file: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub secret_file: Option<PathBuf>,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub secret_env: Option<String>,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub public_key_file: Option<PathBuf>,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub private_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -146,12 +154,13 @@ impl Default for RawDrain {
 pub struct RawAdmin {
     pub listen: String,
     /// File holding the bearer token for `POST /v1/reload`; empty: loopback clients only.
-    pub token_file: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
-        RawAdmin { listen: "127.0.0.1:9090".to_string(), token_file: String::new() }
+        RawAdmin { listen: "127.0.0.1:9090".to_string(), token_file: None }
     }
 }
 
@@ -188,10 +197,13 @@ pub struct RawProxy {
     #[serde(with = "humantime_serde")]
     pub tcp_keepalive: Duration,
     /// PEM certificate chain and key: the proxy port speaks TLS (an HTTPS proxy).
-    pub tls_cert_file: String,
-    pub tls_key_file: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub tls_key_file: Option<PathBuf>,
     /// PEM CA certificates: every client must present a certificate from them (mTLS).
-    pub tls_client_ca: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub tls_client_ca: Option<PathBuf>,
     /// With mTLS: the client certificate's subject CN must equal the sandbox id.
     pub tls_client_cn_is_sandbox: bool,
     /// Client CIDRs admitted (after a trusted PROXY header); empty: everyone.
@@ -223,9 +235,9 @@ impl Default for RawProxy {
             sandbox_max_concurrent: 512,
             sandbox_max_per_second: 200,
             tcp_keepalive: Duration::from_secs(60),
-            tls_cert_file: String::new(),
-            tls_key_file: String::new(),
-            tls_client_ca: String::new(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca: None,
             tls_client_cn_is_sandbox: false,
             allowed_clients: Vec::new(),
             trusted_proxies: Vec::new(),
@@ -290,7 +302,8 @@ pub struct RawPolicySection {
     pub dir: String,
     pub mode: Mode,
     /// A second policy directory decided alongside, for comparison only; empty: none.
-    pub shadow_dir: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub shadow_dir: Option<PathBuf>,
     /// How often to look for changed policy, key, revocation and certificate files; 0s: never.
     #[serde(with = "humantime_serde")]
     pub watch_interval: Duration,
@@ -301,7 +314,7 @@ impl Default for RawPolicySection {
         RawPolicySection {
             dir: "policy".to_string(),
             mode: Mode::Enforce,
-            shadow_dir: String::new(),
+            shadow_dir: None,
             watch_interval: Duration::from_secs(2),
         }
     }
@@ -390,4 +403,14 @@ pub struct RawSandbox {
     pub policy: String,
     #[serde(default)]
     pub vpce: Vec<String>,
+}
+
+/// An optional path or name: absent, or written as `""`, is `None`.
+fn absent_if_empty<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: From<String>,
+{
+    let s = String::deserialize(d)?;
+    Ok((!s.is_empty()).then(|| T::from(s)))
 }

@@ -13,7 +13,7 @@ use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmm
 use tokio_util::sync::CancellationToken;
 
 use super::firewall::Handler;
-use super::server::{MAX_DATAGRAM, UDP_POLL, answer_bytes};
+use super::wire::{MAX_DATAGRAM, UDP_POLL, answer_bytes};
 
 /// Most datagrams taken or sent per call.
 const BATCH: usize = 32;

@@ -23,8 +23,10 @@ struct Entry {
     policy: String,
     credential: Credential,
     repos: Option<Vec<String>>,
-    /// What authorized it: a push adds each ref it updates once they are read.
-    held: Vec<Subject>,
+    /// What authorized it.
+    held: Subject,
+    /// What it was held to since: a push's ref updates, once read.
+    also: Vec<Subject>,
     cancel: CancellationToken,
 }
 
@@ -63,7 +65,7 @@ impl Registration {
         if let Ok(mut open) = self.open.lock()
             && let Some(e) = open.get_mut(&self.id)
         {
-            e.held.extend(more);
+            e.also.extend(more);
         }
     }
 
@@ -96,7 +98,8 @@ impl Registry {
             policy: identity.policy.name().to_string(),
             credential: identity.credential.clone(),
             repos: identity.repos.clone(),
-            held: vec![subject],
+            held: subject,
+            also: Vec::new(),
             cancel: cancel.clone(),
         };
         if let Ok(mut open) = self.open.lock() {
@@ -117,8 +120,9 @@ impl Registry {
     /// its policy no longer allows. Returns how many were ended.
     pub fn close_disallowed(&self, state: &State) -> usize {
         self.close_where(|e| {
-            let allowed = policy_for(state, e)
-                .is_some_and(|p| e.held.iter().all(|s| policy::decide(p, s, e.repos.as_deref()).permits()));
+            let allowed = policy_for(state, e).is_some_and(|p| {
+                std::iter::once(&e.held).chain(&e.also).all(|s| policy::decide(p, s, e.repos.as_deref()).permits())
+            });
             (!allowed).then_some("the new policies or credentials no longer allow it")
         })
     }
@@ -142,8 +146,7 @@ impl Registry {
                 continue;
             }
             if let Some(reason) = why(e) {
-                let target = e.held.first().map(ToString::to_string).unwrap_or_default();
-                tracing::info!(sandbox = %e.sandbox, %target, reason, "closing a connection");
+                tracing::info!(sandbox = %e.sandbox, target = %e.held, reason, "closing a connection");
                 e.cancel.cancel();
                 closed += 1;
             }

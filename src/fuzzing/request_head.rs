@@ -105,7 +105,7 @@ fn harness() -> &'static Harness {
         });
         let config = crate::config::load(&dir.join("gateway.toml")).unwrap_or_else(|e| panic!("fuzz config: {e}"));
         let shared = rt
-            .block_on(async { crate::gateway::build_shared(config, Some(recorder)) })
+            .block_on(async { crate::gateway::build_shared_recording(config, recorder) })
             .unwrap_or_else(|e| panic!("fuzz gateway: {e}"));
         Harness { rt, shared, dials }
     })

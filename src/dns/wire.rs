@@ -1,0 +1,93 @@
+//! One DNS message in, its wire answer out: what both the UDP loops (plain and
+//! batched) and the TCP loop call, below both.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hickory_net::NetError;
+use hickory_net::runtime::TokioTime;
+use hickory_net::xfer::Protocol;
+use hickory_proto::rr::Record;
+use hickory_proto::serialize::binary::BinEncoder;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponse;
+
+use super::firewall::Handler;
+
+/// Largest datagram read; a longer one is cut by the kernel and then fails to parse.
+pub const MAX_DATAGRAM: usize = 4096;
+
+/// How often a UDP thread looks at the shutdown token while no query arrives.
+pub const UDP_POLL: Duration = Duration::from_millis(200);
+
+/// The wire answer to one raw message; `None` means no answer (too short to carry a
+/// header, a response message (no reflection), or a dropped query).
+pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, handler: &Handler) -> Option<Vec<u8>> {
+    if raw.len() < 12 || raw[2] & 0x80 != 0 {
+        return None;
+    }
+    match Request::from_bytes(raw.to_vec(), peer, protocol) {
+        Ok(request) => {
+            let slot = Responder { protocol, out: Arc::default() };
+            handler.handle_request::<_, TokioTime>(&request, slot.clone()).await;
+            slot.take()
+        }
+        Err(_) => {
+            handler.count_unparseable(protocol == Protocol::Tcp);
+            Some(formerr(raw))
+        }
+    }
+}
+
+/// A bare FORMERR header echoing the query's id and opcode.
+pub fn formerr(raw: &[u8]) -> Vec<u8> {
+    let mut h = vec![0u8; 12];
+    h[..2].copy_from_slice(&raw[..2]);
+    h[2] = 0x80 | (raw[2] & 0x78); // QR, original opcode
+    h[3] = 0x01; // FORMERR
+    h
+}
+
+/// Collects the encoded response for the socket loop to send. Over UDP the message is
+/// bounded by the response's EDNS payload size (512 without EDNS) and truncated (TC)
+/// beyond it.
+#[derive(Clone)]
+struct Responder {
+    protocol: Protocol,
+    out: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl Responder {
+    fn take(&self) -> Option<Vec<u8>> {
+        self.out.lock().ok().and_then(|mut s| s.take())
+    }
+}
+
+#[async_trait::async_trait]
+impl ResponseHandler for Responder {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let max = match self.protocol {
+            Protocol::Tcp => u16::MAX,
+            _ => response.edns().map_or(512, |e| e.max_payload().max(512)),
+        };
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(max);
+        let info = response.destructive_emit(&mut encoder).map_err(|e| NetError::from(e.to_string()))?;
+        if let Ok(mut slot) = self.out.lock() {
+            *slot = Some(bytes);
+        }
+        Ok(info)
+    }
+}
