@@ -62,7 +62,13 @@ fn tokens(c: &mut Criterion) {
     set.policies.insert("p".into(), p.clone());
     set.sandboxes.insert(
         "sbx-1".into(),
-        Sandbox { id: "sbx-1".into(), token_sha256: auth::token_sha256("tok-123"), policy: p, vpce: Vec::new() },
+        Sandbox {
+            id: "sbx-1".into(),
+            token_sha256: auth::token_sha256("tok-123"),
+            policy: p,
+            vpce: Vec::new(),
+            addresses: Vec::new(),
+        },
     );
     let verifier = egress_gateway::tokens::Verifier::default();
     let creds = Credentials::new("sbx-1", "tok-123");

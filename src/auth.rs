@@ -56,12 +56,14 @@ pub enum AuthError {
     WrongCertificate,
     #[error("too many failed authentications from this address; retry in a second")]
     TooManyFailures,
+    #[error("no sandbox claims this client address (sandboxes[].addresses)")]
+    UnknownAddress,
 }
 
 impl AuthError {
     pub fn reason(&self) -> DenyReason {
         match self {
-            AuthError::Missing => DenyReason::AuthRequired,
+            AuthError::Missing | AuthError::UnknownAddress => DenyReason::AuthRequired,
             AuthError::Token(TokenError::Expired) => DenyReason::TokenExpired,
             AuthError::TooManyFailures => DenyReason::LimitExceeded,
             AuthError::Malformed
@@ -121,6 +123,10 @@ pub enum Credential {
     /// A signed token: revoked by its `jti` or sandbox id, ended by removing or
     /// replacing its key (`kid`, and the key's fingerprint) and by its expiry.
     Signed { kid: String, key: [u8; 32], jti: Option<String>, expires: u64 },
+    /// No token: the source address the sandbox claims (`sandboxes[].addresses`), or,
+    /// with `None`, the one sandbox a sidecar instance serves (`transparent.sandbox`).
+    /// Ended when the claim (or the sandbox) is gone.
+    Network { addr: Option<std::net::IpAddr> },
 }
 
 impl Identity {
@@ -235,7 +241,13 @@ mod tests {
         set.policies.insert("p".into(), policy.clone());
         set.sandboxes.insert(
             "sbx-1".into(),
-            Sandbox { id: "sbx-1".into(), token_sha256: [0; 32], policy, vpce: vec!["vpce-1".into()] },
+            Sandbox {
+                id: "sbx-1".into(),
+                token_sha256: [0; 32],
+                policy,
+                vpce: vec!["vpce-1".into()],
+                addresses: Vec::new(),
+            },
         );
         let now = tokens::now();
         let claims = tokens::Claims {

@@ -37,7 +37,7 @@ use crate::reload::Store;
 use crate::resolve::Resolver;
 
 pub use authorize::{Authorized, SANDBOX_CONNECTIONS_HINT, authorize, authorize_as, identified};
-pub use identify::{AUTH_HINT, Presented, identify};
+pub use identify::{AUTH_HINT, Presented, identify, identify_by_address};
 pub use record::{Refusal, refuse};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -146,6 +146,8 @@ pub struct Gateway {
     proxy: TcpListener,
     admin: TcpListener,
     dns: Option<DnsServer>,
+    /// `[transparent]` listeners.
+    transparent: Vec<(TcpListener, crate::transparent::Listener)>,
 }
 
 impl Gateway {
@@ -161,14 +163,37 @@ impl Gateway {
         let proxy = bind("proxy", config.proxy.listen).await?;
         let admin = bind("admin", config.admin.listen).await?;
         let dns = match &config.dns {
-            Some(d) => Some(DnsServer::bind(d).await.map_err(|source| GatewayError::Bind {
+            Some(d) => Some(DnsServer::bind(d, may_reach(&shared)).await.map_err(|source| GatewayError::Bind {
                 what: "dns",
                 addr: d.listen,
                 source,
             })?),
             None => None,
         };
-        Ok(Gateway { shared, proxy, admin, dns })
+        let mut transparent = Vec::new();
+        if let Some(t) = &config.transparent {
+            if let Some(id) = &t.sandbox
+                && shared.store.snapshot().policies.sandbox(id).is_none()
+            {
+                return Err(GatewayError::Config(ConfigError::invalid(
+                    &config.file,
+                    "transparent.sandbox",
+                    format!("no sandbox {id:?} is defined in the policy files"),
+                )));
+            }
+            if let Some(a) = t.https_listen {
+                transparent.push((bind("transparent https", a).await?, crate::transparent::Listener::Https));
+            }
+            if let Some(a) = t.http_listen {
+                transparent.push((bind("transparent http", a).await?, crate::transparent::Listener::Http));
+            }
+        }
+        Ok(Gateway { shared, proxy, admin, dns, transparent })
+    }
+
+    /// The transparent listeners' addresses, HTTPS then HTTP, where configured.
+    pub fn transparent_addr(&self, kind: crate::transparent::Listener) -> Option<SocketAddr> {
+        self.transparent.iter().find(|(_, k)| *k == kind).and_then(|(l, _)| l.local_addr().ok())
     }
 
     pub fn proxy_addr(&self) -> std::io::Result<SocketAddr> {
@@ -192,12 +217,16 @@ impl Gateway {
         let addr = |a: std::io::Result<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
         let (proxy_addr, admin_addr) = (addr(self.proxy_addr()), addr(self.admin_addr()));
         let dns_addr = self.dns_addr().map(|a| a.to_string());
-        let Gateway { shared, proxy, admin, dns } = self;
+        let transparent_https = self.transparent_addr(crate::transparent::Listener::Https).map(|a| a.to_string());
+        let transparent_http = self.transparent_addr(crate::transparent::Listener::Http).map(|a| a.to_string());
+        let Gateway { shared, proxy, admin, dns, transparent } = self;
         let st = shared.store.snapshot();
         tracing::info!(
             proxy = %proxy_addr,
             admin = %admin_addr,
             dns = dns_addr,
+            transparent_https,
+            transparent_http,
             policies = st.policies.policies.len(),
             sandboxes = st.policies.sandboxes.len(),
             proxy_threads = shared.config.proxy.threads,
@@ -208,6 +237,13 @@ impl Gateway {
         let stop_accepting = CancellationToken::new();
         let proxy_threads = proxy::threads::AcceptThreads::start(proxy, shared.clone(), stop_accepting.clone())
             .map_err(GatewayError::Threads)?;
+        let transparent_tasks: Vec<_> = transparent
+            .into_iter()
+            .map(|(listener, kind)| {
+                let limit = proxy_threads.limit();
+                tokio::spawn(proxy::transparent::serve(listener, kind, shared.clone(), stop_accepting.clone(), limit))
+            })
+            .collect();
         let admin_stop = CancellationToken::new();
         let admin_state = Arc::new(Admin { shared: shared.clone(), metrics: crate::metrics::install() });
         let admin_task = tokio::spawn(admin::serve(admin, admin_state, admin_stop.clone()));
@@ -234,6 +270,9 @@ impl Gateway {
         }
         stop_accepting.cancel();
         proxy_threads.stopped().await;
+        for t in transparent_tasks {
+            let _ = t.await;
+        }
         reloader.abort();
         watcher.abort();
         if let Some(t) = dns_task {
@@ -315,3 +354,24 @@ async fn reload_on_sighup(shared: Arc<Shared>, stop: CancellationToken) {
 
 #[cfg(not(unix))]
 async fn reload_on_sighup(_shared: Arc<Shared>, _stop: CancellationToken) {}
+
+/// For the DNS firewall's answer mode: may the sandbox at this address (or the
+/// instance's one sandbox, `transparent.sandbox`) reach `name` on a transparent port?
+/// The same decision a transparent connection to the name gets.
+fn may_reach(shared: &Arc<Shared>) -> crate::dns::MayReach {
+    let shared = shared.clone();
+    Arc::new(move |ip: std::net::IpAddr, name: &str| {
+        let state = shared.store.snapshot();
+        let transparent = shared.config.transparent.as_ref();
+        let sandbox = match transparent.and_then(|t| t.sandbox.as_deref()) {
+            Some(id) => state.policies.sandbox(id),
+            None => state.policies.sandbox_at(ip),
+        };
+        let Some(sandbox) = sandbox else { return false };
+        let ports = transparent.map_or([443, 80], |t| [t.https_port, t.http_port]);
+        ports.iter().any(|port| {
+            crate::addr::parse_authority(&format!("{name}:{port}"), None)
+                .is_ok_and(|t| sandbox.policy.decide(&t).permits())
+        })
+    })
+}

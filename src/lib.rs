@@ -29,3 +29,4 @@ pub mod routes;
 pub mod secret;
 pub mod telemetry;
 pub mod tokens;
+pub mod transparent;

@@ -79,17 +79,17 @@ pub fn install() -> Option<PrometheusHandle> {
 }
 
 /// The kinds and decisions of [`PROXY_REQUESTS`], in the order of the handle arrays.
-const KINDS: [Kind; 4] = [Kind::Connect, Kind::Forward, Kind::Git, Kind::Unparsed];
+const KINDS: [Kind; 5] = [Kind::Connect, Kind::Forward, Kind::Git, Kind::Unparsed, Kind::Transparent];
 const DECISIONS: [Outcome; 3] = [Outcome::Allow, Outcome::Deny, Outcome::WouldDeny];
 
 /// Handles for the metrics every request records, registered once when the recorder
 /// is installed: looking one up by name and labels costs a hash, a lock and an
 /// allocation, on every request.
 pub struct RequestMetrics {
-    requests: [[Counter; 3]; 4],
+    requests: [[Counter; 3]; KINDS.len()],
     /// Per kind: up, down.
-    bytes: [[Counter; 2]; 4],
-    duration: [Histogram; 4],
+    bytes: [[Counter; 2]; KINDS.len()],
+    duration: [Histogram; KINDS.len()],
     /// Open connections, open tunnels.
     active: [Gauge; 2],
 }

@@ -4,6 +4,7 @@
 //! the revocation sweep, the fuzzers and the benches all decide with [`decide`] (host
 //! decisions, the hot path, with [`Policy::decide`]).
 
+pub mod claims;
 pub mod decision;
 pub mod explain;
 pub mod git;
@@ -308,6 +309,8 @@ pub struct Sandbox {
     pub policy: Arc<Policy>,
     /// VPC endpoint ids this sandbox must come through (empty: the policy's).
     pub vpce: Vec<String>,
+    /// Source networks that identify it without a token.
+    pub addresses: Vec<ipnet::IpNet>,
 }
 
 /// Every policy and sandbox known to the gateway at one generation.
@@ -315,11 +318,18 @@ pub struct Sandbox {
 pub struct PolicySet {
     pub policies: HashMap<String, Arc<Policy>>,
     pub sandboxes: HashMap<String, Sandbox>,
+    /// Which sandbox a source address belongs to (`sandboxes[].addresses`).
+    pub claims: claims::Claims,
 }
 
 impl PolicySet {
     pub fn sandbox(&self, id: &str) -> Option<&Sandbox> {
         self.sandboxes.get(id)
+    }
+
+    /// The sandbox whose `addresses` hold `ip`.
+    pub fn sandbox_at(&self, ip: std::net::IpAddr) -> Option<&Sandbox> {
+        self.claims.sandbox_at(ip).and_then(|id| self.sandboxes.get(id))
     }
 }
 

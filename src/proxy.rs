@@ -7,6 +7,7 @@ pub mod proxy_protocol;
 pub mod server;
 pub mod threads;
 pub mod tls;
+pub mod transparent;
 
 use std::sync::Arc;
 

@@ -26,6 +26,8 @@ pub enum Kind {
     /// A request the HTTP parser refused before the gateway saw it: no method, target
     /// or sandbox is known.
     Unparsed,
+    /// A transparent listener's connection (SNI or `Host`, no proxy settings).
+    Transparent,
 }
 
 impl Kind {
@@ -35,6 +37,7 @@ impl Kind {
             Kind::Forward => "forward",
             Kind::Git => "git",
             Kind::Unparsed => "unparsed",
+            Kind::Transparent => "transparent",
         }
     }
 }

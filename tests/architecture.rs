@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-const HANDLERS: [&str; 4] = ["connect", "forward", "git", "routes"];
+const HANDLERS: [&str; 5] = ["connect", "forward", "git", "routes", "transparent"];
 const DISPATCHER: &str = "proxy";
 
 /// Every module of the library, by path (`door::authorize`), with its source.

@@ -12,6 +12,7 @@ use toml::Spanned;
 use super::error::{ConfigError, DisplayPath};
 use super::raw::{RawPolicyFile, RawSandbox};
 use super::validate::{Config, PolicySource, RouteConfig};
+use crate::policy::claims::{Claim, Claims};
 use crate::policy::{Mode, Policy, PolicySet, RuleList, Sandbox};
 
 /// One policy file's text, as read.
@@ -168,6 +169,7 @@ fn compile(
     }
 
     let mut sandboxes = HashMap::new();
+    let mut claims = Vec::new();
     for (src, spanned) in pending_sandboxes {
         let line = src.line_of(spanned.span().start);
         let s = spanned.into_inner();
@@ -188,9 +190,30 @@ fn compile(
         if sandboxes.contains_key(&s.id) {
             return Err(ConfigError::invalid(&src.file, key("id"), "sandbox id defined twice"));
         }
-        sandboxes.insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy, vpce: s.vpce });
+        let mut addresses = Vec::with_capacity(s.addresses.len());
+        for (i, a) in s.addresses.iter().enumerate() {
+            let at = src.line_of(a.span().start);
+            let net = parse_claim(a.get_ref()).map_err(|e| {
+                ConfigError::invalid(&src.file, format!("sandboxes[id={:?}].addresses[{i}] (line {at})", s.id), e)
+            })?;
+            claims.push(Claim { net, sandbox: s.id.clone(), location: format!("{}:{at}", src.file) });
+            addresses.push(net);
+        }
+        sandboxes.insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy, vpce: s.vpce, addresses });
     }
-    Ok(PolicySet { policies, sandboxes })
+    let claims = Claims::build(claims).map_err(|pair| {
+        let (a, b) = *pair;
+        let file = DisplayPath(b.location.rsplit_once(':').map_or(b.location.as_str(), |(f, _)| f).into());
+        ConfigError::invalid(
+            &file,
+            format!("sandboxes[id={:?}].addresses", b.sandbox),
+            format!(
+                "{} (at {}) overlaps {} claimed by sandbox {:?} at {}: an address identifies one sandbox",
+                b.net, b.location, a.net, a.sandbox, a.location
+            ),
+        )
+    })?;
+    Ok(PolicySet { policies, sandboxes, claims })
 }
 
 fn valid_name(s: &str) -> bool {
@@ -201,6 +224,18 @@ fn parse_sha256(s: &str) -> Option<[u8; 32]> {
     let mut out = [0u8; 32];
     hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
+}
+
+/// A sandbox's address claim: an IP address or a CIDR without host bits.
+fn parse_claim(s: &str) -> Result<ipnet::IpNet, String> {
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Ok(ipnet::IpNet::from(ip.to_canonical()));
+    }
+    let net: ipnet::IpNet = s.parse().map_err(|_| format!("expected an IP address or a CIDR, got {s:?}"))?;
+    if net.trunc() != net {
+        return Err(format!("{s} has host bits set; did you mean {}?", net.trunc()));
+    }
+    Ok(net)
 }
 
 #[cfg(test)]

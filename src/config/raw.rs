@@ -25,6 +25,31 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     /// Absent: no DNS server.
     pub dns: Option<RawDns>,
+    /// Absent: no transparent listeners.
+    pub transparent: Option<RawTransparent>,
+}
+
+/// `[transparent]`: listeners for clients that ignore `HTTP_PROXY`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTransparent {
+    #[serde(deserialize_with = "absent_if_empty")]
+    pub https_listen: Option<String>,
+    #[serde(deserialize_with = "absent_if_empty")]
+    pub http_listen: Option<String>,
+    /// A sidecar's one sandbox: every client of the instance is this sandbox.
+    #[serde(deserialize_with = "absent_if_empty")]
+    pub sandbox: Option<String>,
+    /// The port an SNI-routed connection is dialled on when the connection was not
+    /// redirected (no `SO_ORIGINAL_DST` other than the listener itself).
+    pub https_port: u16,
+    pub http_port: u16,
+}
+
+impl Default for RawTransparent {
+    fn default() -> Self {
+        RawTransparent { https_listen: None, http_listen: None, sandbox: None, https_port: 443, http_port: 80 }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -340,6 +365,10 @@ pub struct RawDns {
     pub tcp_idle_timeout: Duration,
     pub udp_sockets: usize,
     pub log_blocked_per_second: u32,
+    /// `hostnames` (only the gateway's names) or `gateway` (also every name the asking
+    /// sandbox may reach, answered with `addresses`).
+    pub answer: String,
+    pub answer_ttl: u32,
 }
 
 impl Default for RawDns {
@@ -359,6 +388,8 @@ impl Default for RawDns {
             tcp_idle_timeout: Duration::from_secs(10),
             udp_sockets: 0,
             log_blocked_per_second: 10,
+            answer: "hostnames".to_string(),
+            answer_ttl: 5,
         }
     }
 }
@@ -403,6 +434,10 @@ pub struct RawSandbox {
     pub policy: String,
     #[serde(default)]
     pub vpce: Vec<String>,
+    /// Source addresses (CIDRs) that identify the sandbox without a token, for
+    /// transparent listeners and the DNS firewall's answer mode.
+    #[serde(default)]
+    pub addresses: Vec<Spanned<String>>,
 }
 
 /// An optional path or name: absent, or written as `""`, is `None`.

@@ -15,12 +15,14 @@ mod dns;
 mod github;
 mod routes;
 mod tokens;
+mod transparent;
 
 pub use admin::AdminConfig;
-pub use dns::{BlockMode, DnsConfig, RateLimitAction};
+pub use dns::{BlockMode, DnsAnswer, DnsConfig, RateLimitAction};
 pub use github::GithubConfig;
 pub use routes::RouteConfig;
 pub use tokens::{KeyAlg, KeySource, TokensConfig};
+pub use transparent::TransparentConfig;
 
 use super::error::{ConfigError, DisplayPath};
 use super::raw::RawConfig;
@@ -38,6 +40,7 @@ pub struct Config {
     pub egress: EgressConfig,
     pub policy: PolicyConfig,
     pub dns: Option<DnsConfig>,
+    pub transparent: Option<TransparentConfig>,
     pub admin: AdminConfig,
     pub drain: DrainConfig,
     pub tokens: TokensConfig,
@@ -340,7 +343,22 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let tokens = tokens::validate_tokens(raw.tokens, file, base_dir)?;
     let github = github::validate_github(raw.github, file, base_dir)?;
     let routes = routes::validate_routes(raw.routes, file, base_dir)?;
-    Ok(Config { file: file.clone(), proxy, log, resolver, egress, policy, dns, admin, drain, tokens, github, routes })
+    let transparent = raw.transparent.map(|t| transparent::validate_transparent(t, file)).transpose()?;
+    Ok(Config {
+        file: file.clone(),
+        proxy,
+        log,
+        resolver,
+        egress,
+        policy,
+        dns,
+        transparent,
+        admin,
+        drain,
+        tokens,
+        github,
+        routes,
+    })
 }
 
 fn positive(file: &DisplayPath, key: &str, d: Duration) -> Result<(), ConfigError> {

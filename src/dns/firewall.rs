@@ -69,6 +69,8 @@ pub struct Firewall {
     limiter: RateLimiter,
     limit_action: RateLimitAction,
     log_sampler: Sampler,
+    /// Answer mode: names the asking sandbox may reach get the gateway's addresses.
+    answer: Option<(super::MayReach, u32)>,
 }
 
 /// What to send: a response code, whether the name is ours (AA), and the answers.
@@ -120,7 +122,15 @@ impl Firewall {
             limiter: RateLimiter::new(cfg.rate_limit_qps, cfg.rate_limit_burst),
             limit_action: cfg.rate_limit_action,
             log_sampler: Sampler::new(cfg.log_blocked_per_second),
+            answer: None,
         })
+    }
+
+    /// Answer mode: a name `may_reach` allows for the asking address is answered with
+    /// the gateway's addresses (TTL `ttl`); `HTTPS`, `SVCB` and every other type get
+    /// NODATA, so clients learn of no QUIC endpoint and no other address.
+    pub fn answer_for(&mut self, may_reach: super::MayReach, ttl: u32) {
+        self.answer = Some((may_reach, ttl));
     }
 
     /// Decides the answer to `request`; pure apart from the rate limiter and sampler.
@@ -146,11 +156,11 @@ impl Firewall {
         if self.names.contains(name) {
             let owner = query.original().name();
             let answers = match qtype {
-                RecordType::A => self.records(owner, &self.v4),
-                RecordType::AAAA => self.records(owner, &self.v6),
+                RecordType::A => self.records(owner, &self.v4, self.ttl),
+                RecordType::AAAA => self.records(owner, &self.v6, self.ttl),
                 // RFC 8482: a minimal, non-empty answer rather than everything.
-                RecordType::ANY if !self.v4.is_empty() => self.records(owner, &self.v4[..1]),
-                RecordType::ANY => self.records(owner, &self.v6[..self.v6.len().min(1)]),
+                RecordType::ANY if !self.v4.is_empty() => self.records(owner, &self.v4[..1], self.ttl),
+                RecordType::ANY => self.records(owner, &self.v6[..self.v6.len().min(1)], self.ttl),
                 _ => Vec::new(),
             };
             let outcome = if answers.is_empty() { Outcome::NoData } else { Outcome::Answered };
@@ -165,6 +175,21 @@ impl Firewall {
                 answers: Vec::new(),
                 with_soa: true,
             };
+        }
+        if let Some((may_reach, ttl)) = &self.answer {
+            let text = name.to_string();
+            let text = text.strip_suffix('.').unwrap_or(&text);
+            if may_reach(request.src().ip(), text) {
+                let owner = query.original().name();
+                let answers = match qtype {
+                    RecordType::A => self.records(owner, &self.v4, *ttl),
+                    RecordType::AAAA => self.records(owner, &self.v6, *ttl),
+                    _ => Vec::new(),
+                };
+                let outcome = if answers.is_empty() { Outcome::NoData } else { Outcome::Answered };
+                let with_soa = answers.is_empty();
+                return Plan { outcome, rcode: ResponseCode::NoError, authoritative: true, answers, with_soa };
+            }
         }
         if let Some(suppressed) = self.log_sampler.sample() {
             tracing::info!(
@@ -183,14 +208,14 @@ impl Firewall {
         Plan { outcome: Outcome::Blocked, rcode, authoritative: with_soa, answers: Vec::new(), with_soa }
     }
 
-    fn records(&self, owner: &Name, ips: &[IpAddr]) -> Vec<Record> {
+    fn records(&self, owner: &Name, ips: &[IpAddr], ttl: u32) -> Vec<Record> {
         ips.iter()
             .map(|ip| {
                 let rdata = match ip {
                     IpAddr::V4(v4) => RData::A(A(*v4)),
                     IpAddr::V6(v6) => RData::AAAA(AAAA(*v6)),
                 };
-                Record::from_rdata(owner.clone(), self.ttl, rdata)
+                Record::from_rdata(owner.clone(), ttl, rdata)
             })
             .collect()
     }

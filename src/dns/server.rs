@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::MayReach;
 use super::firewall::{Firewall, Handler};
 use super::wire::answer_bytes;
 #[cfg(not(target_os = "linux"))]
@@ -40,8 +41,12 @@ pub struct DnsServer {
 impl DnsServer {
     /// Binds UDP and TCP on `cfg.listen` (the same port for both, also when the port
     /// is 0).
-    pub async fn bind(cfg: &DnsConfig) -> io::Result<DnsServer> {
-        let firewall = Firewall::new(cfg).map_err(io::Error::other)?;
+    /// `may_reach` is consulted in answer mode (`dns.answer = "gateway"`).
+    pub async fn bind(cfg: &DnsConfig, may_reach: MayReach) -> io::Result<DnsServer> {
+        let mut firewall = Firewall::new(cfg).map_err(io::Error::other)?;
+        if cfg.answer == crate::config::DnsAnswer::Gateway {
+            firewall.answer_for(may_reach, cfg.answer_ttl);
+        }
         let sockets = match cfg.udp_sockets {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,

@@ -95,3 +95,24 @@ fn check_binding(identity: &Identity, conn: &ConnInfo) -> Result<(), AuthError> 
     }
     Ok(())
 }
+
+/// Who a token-less client is (transparent listeners): `sidecar`, the one sandbox the
+/// instance serves (`transparent.sandbox`), or else the sandbox whose `addresses` claim
+/// the client's address (the TCP peer, or a trusted PROXY header's). Held to the
+/// connection like a token: VPC endpoint binding applies.
+pub fn identify_by_address(state: &State, conn: &ConnInfo, sidecar: Option<&str>) -> Result<Identity, AuthError> {
+    let (sandbox, addr) = match sidecar {
+        Some(id) => (state.policies.sandbox(id), None),
+        None => (state.policies.sandbox_at(conn.peer.ip()), Some(conn.peer.ip())),
+    };
+    let sandbox = sandbox.ok_or(AuthError::UnknownAddress)?;
+    let identity = Identity {
+        sandbox: sandbox.id.clone(),
+        policy: sandbox.policy.clone(),
+        repos: None,
+        vpce: if sandbox.vpce.is_empty() { sandbox.policy.vpce().to_vec() } else { sandbox.vpce.clone() },
+        credential: auth::Credential::Network { addr },
+    };
+    check_binding(&identity, conn)?;
+    Ok(identity)
+}

@@ -69,10 +69,16 @@ pub fn recorded(
     rule: Option<String>,
     resp: Response<ProxyBody>,
 ) -> Response<ProxyBody> {
+    record_refusal(rec, reason, rule, resp.status().as_u16());
+    resp
+}
+
+/// Records a refusal answered outside HTTP (a transparent TLS client's alert), with
+/// the HTTP status it stands for.
+pub fn record_refusal(rec: &mut AccessRecord, reason: DenyReason, rule: Option<String>, status: u16) {
     rec.decision = Outcome::Deny;
     rec.reason = Some(reason.code());
     rec.rule = rule;
-    rec.status = resp.status().as_u16();
+    rec.status = status;
     rec.emit();
-    resp
 }

@@ -165,6 +165,11 @@ fn policy_for<'s>(state: &'s State, e: &Entry) -> Option<&'s Arc<Policy>> {
             let sbx = state.policies.sandbox(&e.sandbox)?;
             (sbx.token_sha256 == *token_sha256).then_some(&sbx.policy)
         }
+        Credential::Network { addr: Some(ip) } => {
+            let sbx = state.policies.sandbox_at(*ip).filter(|s| s.id == e.sandbox)?;
+            Some(&sbx.policy)
+        }
+        Credential::Network { addr: None } => state.policies.sandbox(&e.sandbox).map(|s| &s.policy),
         Credential::Signed { kid, key, jti, .. } => {
             if state.tokens.key_fingerprint(kid) != Some(*key)
                 || jti.as_ref().is_some_and(|j| state.tokens.is_revoked(j))

@@ -103,7 +103,7 @@ pub fn explain(reason: DenyReason, hint: Option<&str>) -> String {
 
 /// The RFC 9209 `Proxy-Status` value: the proxy's name, the error type that fits the
 /// reason, and the explanation as details.
-fn proxy_status(reason: DenyReason, explanation: &str) -> String {
+pub fn proxy_status(reason: DenyReason, explanation: &str) -> String {
     let error = match reason {
         DenyReason::AddressDenied => "destination_ip_prohibited",
         DenyReason::ResolveFailed => "dns_error",

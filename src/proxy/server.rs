@@ -237,7 +237,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc
 /// (from anyone else it closes the connection); `required` closes connections without
 /// one. Returns the connection's facts, with the real client address, or `None` to
 /// close.
-async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
+pub(super) async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
     let conn = admit_proxy_protocol(stream, peer, shared).await?;
     if !cfg.allowed_clients.is_empty() && !cfg.allowed_clients.iter().any(|n| n.contains(&conn.peer.ip())) {

@@ -29,6 +29,8 @@ pub fn current() -> Option<usize> {
 /// The running accept threads.
 pub struct AcceptThreads {
     stopped: Vec<oneshot::Receiver<()>>,
+    /// `proxy.max_connections` places, shared with the transparent listeners.
+    limit: Arc<Semaphore>,
 }
 
 impl AcceptThreads {
@@ -48,6 +50,7 @@ impl AcceptThreads {
             let listener = listener.try_clone()?;
             listener.set_nonblocking(true)?;
             let (shared, stop, limit) = (shared.clone(), stop.clone(), limit.clone());
+            let limit: Arc<Semaphore> = limit;
             let place = (placement.clone(), i);
             let (done, rx) = oneshot::channel();
             std::thread::Builder::new().name(format!("proxy-{i}")).spawn(move || {
@@ -63,7 +66,12 @@ impl AcceptThreads {
             })?;
             stopped.push(rx);
         }
-        Ok(AcceptThreads { stopped })
+        Ok(AcceptThreads { stopped, limit })
+    }
+
+    /// The places under `proxy.max_connections` every client connection takes.
+    pub fn limit(&self) -> Arc<Semaphore> {
+        self.limit.clone()
     }
 
     /// Resolves when every thread has stopped accepting.

@@ -184,3 +184,12 @@ impl TestGateway {
         line["dns"].as_str().expect("dns configured").parse().expect("dns addr")
     }
 }
+
+impl TestGateway {
+    /// A transparent listener's address (`"https"` or `"http"`), from the `listening`
+    /// log line.
+    pub fn transparent_addr(&self, kind: &str) -> SocketAddr {
+        let line = self.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "listening");
+        line[format!("transparent_{kind}")].as_str().expect("transparent listener").parse().expect("addr")
+    }
+}

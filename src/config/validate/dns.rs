@@ -11,6 +11,16 @@ pub enum BlockMode {
     Refused,
 }
 
+/// Which names the firewall answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsAnswer {
+    /// Only the gateway's own hostnames.
+    Hostnames,
+    /// Also every name the asking sandbox (by source address) may reach, answered with
+    /// `dns.addresses` (the transparent listeners' address).
+    Gateway,
+}
+
 /// Over the per-source rate: drop the query silently, or answer REFUSED.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateLimitAction {
@@ -37,6 +47,9 @@ pub struct DnsConfig {
     /// 0: one per core.
     pub udp_sockets: usize,
     pub log_blocked_per_second: u32,
+    pub answer: DnsAnswer,
+    /// TTL of answer-mode answers (s): short, so a policy change reaches clients soon.
+    pub answer_ttl: u32,
 }
 
 pub(super) fn validate_dns(d: crate::config::raw::RawDns, file: &DisplayPath) -> Result<DnsConfig, ConfigError> {
@@ -80,6 +93,17 @@ pub(super) fn validate_dns(d: crate::config::raw::RawDns, file: &DisplayPath) ->
         return Err(err("dns.tcp_max_connections", "expected at least 1".into()));
     }
     positive(file, "dns.tcp_idle_timeout", d.tcp_idle_timeout)?;
+    let answer = match d.answer.as_str() {
+        "hostnames" => DnsAnswer::Hostnames,
+        "gateway" if addresses.is_empty() => {
+            return Err(err(
+                "dns.addresses",
+                "dns.answer = \"gateway\" answers with these addresses: list at least one".into(),
+            ));
+        }
+        "gateway" => DnsAnswer::Gateway,
+        other => return Err(err("dns.answer", format!("expected \"hostnames\" or \"gateway\", got {other:?}"))),
+    };
     Ok(DnsConfig {
         listen,
         hostnames,
@@ -99,5 +123,7 @@ pub(super) fn validate_dns(d: crate::config::raw::RawDns, file: &DisplayPath) ->
         tcp_idle_timeout: d.tcp_idle_timeout,
         udp_sockets: d.udp_sockets,
         log_blocked_per_second: d.log_blocked_per_second,
+        answer,
+        answer_ttl: d.answer_ttl,
     })
 }

@@ -1,0 +1,63 @@
+//! Accept loops for the transparent listeners (`[transparent]`): the same admission
+//! as the proxy port (PROXY protocol from trusted peers, `proxy.allowed_clients`, the
+//! per-address share, `proxy.max_connections`), then the transparent handler.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::{Shared, server};
+use crate::transparent::Listener;
+
+/// Accepts on `listener` until `shutdown` fires; `limit` is shared with the proxy
+/// port's accept loops (`proxy.max_connections` counts every client connection).
+pub async fn serve(
+    listener: TcpListener,
+    kind: Listener,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    limit: Arc<Semaphore>,
+) {
+    let Some(cfg) = shared.config.transparent.clone() else { return };
+    let cfg = Arc::new(cfg);
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let (mut stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            a = listener.accept() => match a {
+                Ok(ok) => {
+                    backoff = Duration::from_millis(5);
+                    ok
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "transparent accept failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            ::metrics::counter!(crate::metrics::PROXY_CONNECTIONS_REFUSED).increment(1);
+            tracing::debug!(client_addr = %peer, "transparent connection refused: proxy.max_connections reached");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
+        let (shared, cfg) = (shared.clone(), cfg.clone());
+        shared.tasks.clone().spawn(async move {
+            let _permit = permit;
+            let _active = crate::metrics::ActiveGuard::connection();
+            let Some(mut conn) = server::admit(&mut stream, peer, &shared).await else { return };
+            let Some(pending) = shared.admission.admit(conn.peer.ip()) else {
+                tracing::debug!(client_addr = %conn.peer, "transparent connection closed: over its address's share");
+                return;
+            };
+            conn.pending = Some(Arc::new(pending));
+            crate::transparent::serve(stream, conn, &shared.door, &cfg, kind).await;
+        });
+    }
+}

@@ -1,0 +1,53 @@
+//! The name a plain-HTTP client asks for: the `Host` header of its first request,
+//! read (bounded) and kept, to be replayed upstream untouched.
+
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use super::ReadError;
+
+/// Reads the first request head (at most `max_bytes`, `max_headers` fields); returns
+/// the `Host` value and every byte read (the head and whatever followed it).
+pub async fn read(
+    stream: &mut TcpStream,
+    timeout: Duration,
+    max_bytes: usize,
+    max_headers: usize,
+) -> Result<(String, String, Vec<u8>), ReadError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
+            Err(_) => return Err(ReadError::Timeout),
+            Ok(Err(e)) => return Err(ReadError::Io(e.to_string())),
+            Ok(Ok(0)) => return Err(ReadError::Closed),
+            Ok(Ok(_)) => {}
+        }
+        let mut headers = vec![httparse::EMPTY_HEADER; max_headers];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                let method = req.method.unwrap_or_default().to_string();
+                let mut hosts = req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("host"));
+                let host = match (hosts.next(), hosts.next()) {
+                    (Some(h), None) => std::str::from_utf8(h.value)
+                        .map_err(|_| ReadError::Malformed("the Host header is not text".into()))?
+                        .trim()
+                        .to_string(),
+                    (None, _) => return Err(ReadError::Malformed("the request has no Host header".into())),
+                    (Some(_), Some(_)) => return Err(ReadError::Malformed("the request has two Host headers".into())),
+                };
+                return Ok((method, host, buf));
+            }
+            Ok(httparse::Status::Partial) if buf.len() >= max_bytes => return Err(ReadError::TooLarge),
+            Ok(httparse::Status::Partial) => {}
+            Err(httparse::Error::TooManyHeaders) => return Err(ReadError::TooLarge),
+            Err(e) => return Err(ReadError::Malformed(format!("not an HTTP request: {e}"))),
+        }
+        if buf.len() >= max_bytes {
+            return Err(ReadError::TooLarge);
+        }
+    }
+}
