@@ -172,15 +172,6 @@ impl Gateway {
         };
         let mut transparent = Vec::new();
         if let Some(t) = &config.transparent {
-            if let Some(id) = &t.sandbox
-                && shared.store.snapshot().policies.sandbox(id).is_none()
-            {
-                return Err(GatewayError::Config(ConfigError::invalid(
-                    &config.file,
-                    "transparent.sandbox",
-                    format!("no sandbox {id:?} is defined in the policy files"),
-                )));
-            }
             if let Some(a) = t.https_listen {
                 transparent.push((bind("transparent https", a).await?, crate::transparent::Listener::Https));
             }

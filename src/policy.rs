@@ -434,6 +434,10 @@ mod tests {
         assert_eq!(route("POST", "/v1/models").1, Some(DenyReason::RouteNotAllowed));
         assert_eq!(route("GET", "/v1/../admin").1, Some(DenyReason::BadRequest));
         assert_eq!(route("GET", "/v1/%2E%2e/admin").1, Some(DenyReason::BadRequest));
+        for tricky in ["/v1/%252e%252e/admin", "/v1/%c0%ae%c0%ae/admin", "/v1/..%5cadmin", "/v1/a%2F%2Fb"] {
+            assert_eq!(route("GET", tricky).1, Some(DenyReason::BadRequest), "{tricky}");
+        }
+        assert_eq!(route("GET", "/v1/a%20b").0, Outcome::Allow);
         let other = Subject::Route { route: "other".into(), method: "GET".into(), path: "/".into() };
         assert_eq!(super::decide(&p, &other, None).rule(), None);
         let hint = explain::explain(

@@ -116,7 +116,7 @@ pub async fn handle(
         Ok(i) => i,
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
-    let route = candidates.iter().find(|r| identity.policy.lists_route(&r.name)).unwrap_or(first);
+    let route = identity.policy.routes().find_map(|name| candidates.iter().find(|r| r.name == name)).unwrap_or(first);
     rec.target = format!("route:{}", route.name);
     let subject = Subject::Route { route: route.name.clone(), method: method.clone(), path: upstream_path.clone() };
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
@@ -202,8 +202,16 @@ pub async fn handle(
 /// the injected header the client sent stay behind.
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
     // `range`/`if-range`: a key split across two ranges would escape a per-response
-    // redactor; `accept-encoding` is replaced by `identity`.
-    let drop: [&str; 14] = [
+    // redactor; `accept-encoding` is replaced by `identity`. Method and URL override
+    // headers would let an upstream that honours them run another method or path
+    // than the one the route's rules judged, with the gateway's key.
+    let drop: [&str; 20] = [
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-url",
+        "x-rewrite-url",
+        "x-original-method",
         "host",
         "range",
         "if-range",

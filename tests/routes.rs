@@ -22,6 +22,12 @@ struct World {
 }
 
 fn world(route_extra: &str) -> World {
+    world_with(route_extra, "[\"api\"]")
+}
+
+/// `{PORT}` and `{SECRET}` in `route_extra` are the upstream's port and the secret
+/// file; `routes` is policy `a`'s `routes` list.
+fn world_with(route_extra: &str, routes: &str) -> World {
     let ca = TestCa::new(&["api.test"]);
     let api = TestOrigin::https(&ca);
     let dir = tempfile::tempdir().unwrap();
@@ -38,9 +44,11 @@ fn world(route_extra: &str) -> World {
         ca = ca.ca_pem_path.display(),
         port = api.port(),
         secret = secret_file.display(),
-    );
+    )
+    .replace("{PORT}", &api.port().to_string())
+    .replace("{SECRET}", &secret_file.display().to_string());
     let policy = standard_policy()
-        .replace("deny = [\"blocked.origin.test\"]", "deny = [\"blocked.origin.test\"]\nroutes = [\"api\"]");
+        .replace("deny = [\"blocked.origin.test\"]", &format!("deny = [\"blocked.origin.test\"]\nroutes = {routes}"));
     let gw = TestGateway::start(&config, &policy);
     World { gw, api, secret_file, _ca: ca, _dir: dir }
 }
@@ -285,4 +293,50 @@ fn compressed_or_ranged_echoes_never_leak_the_key() {
     let resp = get("/reason-echo", "");
     assert_eq!(status(&resp), 401, "{resp}");
     assert!(!resp.to_ascii_lowercase().contains(&SECRET.to_ascii_lowercase()), "{resp}");
+}
+
+/// What an outside review found: override headers carried another method or path
+/// past the route's rules; double-encoded and overlong dots passed the traversal
+/// check; with two routes on one host the config's order won over the policy's; an
+/// SDK's own `Authorization` hid the API-key credential.
+#[test]
+fn route_rules_hold_against_overrides_encodings_and_ordering() {
+    let open_route = "\n[[routes]]\nname = \"open\"\nupstream = \"https://api.test:{PORT}\"\n\
+                      inject = { header = \"x-open-key\", secret_file = \"{SECRET}\" }\n";
+    let w = world(&format!("paths = [\"/echo\"]\nmethods = [\"GET\"]\n{open_route}"));
+    let get = |path: &str, extra: &str| {
+        raw::request(
+            w.gw.addr,
+            format!(
+                "GET /routes/api{path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\n{extra}\r\n"
+            )
+            .as_bytes(),
+        )
+    };
+    let resp = get("/echo", "X-HTTP-Method-Override: DELETE\r\nX-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\n");
+    assert_eq!(status(&resp), 200, "{resp}");
+    let rec = w.api.recorded().pop().unwrap();
+    for h in ["x-http-method-override", "x-original-url", "x-rewrite-url"] {
+        assert!(header(&rec, h).is_none(), "{h} reached the upstream: {:?}", rec.headers);
+    }
+    for path in ["/echo/%252e%252e/admin", "/echo/%c0%ae%c0%ae/admin", "/echo/..%5cadmin", "/echo\\..\\admin"] {
+        let resp = get(path, "");
+        assert_eq!(status(&resp), 400, "{path}: {resp}");
+    }
+    // An SDK's own Authorization scheme leaves the API key header to identify it.
+    let resp = raw::request(
+        w.gw.addr,
+        format!("GET /routes/api/echo HTTP/1.1\r\nHost: gw\r\nAuthorization: Token abc\r\nx-api-key: sbx-a:{TOKEN_A}\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    assert_eq!(w.api.recorded().len(), 2, "only the two allowed requests reached the upstream");
+    drop(w);
+
+    // Two routes on one host: the first the policy lists is the one used.
+    let w = world_with(&format!("paths = [\"/echo\"]\n{open_route}"), "[\"open\", \"api\"]");
+    let out = curl(&["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), &format!("http://api.test:{}/bytes/3", w.api.port())]);
+    assert_eq!(out.status, 200, "{out:?}");
+    let rec = w.api.recorded().pop().unwrap();
+    assert_eq!((header(&rec, "x-open-key"), header(&rec, "x-api-key")), (Some(SECRET), None));
 }

@@ -136,4 +136,21 @@ fn deployment_examples_are_well_formed_and_match_the_metrics() {
         assert!(msg.contains("admin.token_file"), "{msg}");
     }
     assert!(k8s.contains("terminationGracePeriodSeconds: 120"));
+
+    // The transparent sidecar example: its gateway.toml and policy validate together.
+    let k8s = std::fs::read_to_string(dir.join("kubernetes-transparent.yaml")).unwrap();
+    let block = |key: &str| {
+        let start = k8s.find(&format!("{key}: |\n")).unwrap() + key.len() + 4;
+        let rest = &k8s[start..];
+        let end = rest.find("\n  sandbox.toml: |").or_else(|| rest.find("\n---")).unwrap();
+        rest[..end].lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n")
+    };
+    let conf = tempfile::tempdir().unwrap();
+    std::fs::create_dir(conf.path().join("policy")).unwrap();
+    std::fs::write(conf.path().join("policy/sandbox.toml"), block("sandbox.toml")).unwrap();
+    let gateway = block("gateway.toml").replace("/etc/egress-gateway/policy", "policy");
+    std::fs::write(conf.path().join("gateway.toml"), gateway).unwrap();
+    let out = bin().args(["config", "validate", "--config"]).arg(conf.path().join("gateway.toml")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(k8s.contains("transparent-sidecar.nft"));
 }

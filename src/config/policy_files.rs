@@ -53,7 +53,18 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
             vec![Source::new(DisplayPath(label.clone()), text.clone())]
         }
     };
-    compile(&sources, config.policy.mode, &config.egress.ports, &config.routes)
+    let set = compile(&sources, config.policy.mode, &config.egress.ports, &config.routes)?;
+    // A sidecar's one sandbox must exist: on a reload too (the old state stays).
+    if let Some(id) = config.transparent.as_ref().and_then(|t| t.sandbox.as_ref())
+        && set.sandbox(id).is_none()
+    {
+        return Err(ConfigError::invalid(
+            &config.file,
+            "transparent.sandbox",
+            format!("no sandbox {id:?} is defined in the policy files"),
+        ));
+    }
+    Ok(set)
 }
 
 /// Loads the shadow policies, if `policy.shadow_dir` is set.

@@ -90,6 +90,13 @@ pub fn authorize_as(
     // Registered before any I/O on its behalf (a dial, a body read): a sweep while the
     // client stretches those ends it like any open connection.
     let registration = door.registry.register(&identity, subject, door.hard_stop.child_token());
+    // A reload that swapped in a newer state after this request took its snapshot has
+    // swept without seeing it: judge it under the newest state now. (A reload after
+    // the registration sees it in its sweep.)
+    let now = door.store.snapshot();
+    if now.generation != state.generation && !door.registry.recheck(&registration, &now) {
+        return Err(Refusal::new(DenyReason::AuthInvalid, super::registry::ENDED_HINT));
+    }
     Ok(Authorized { identity, hold: Hold::new(registration, permit) })
 }
 

@@ -37,21 +37,29 @@ impl<'a> Presented<'a> {
         if self.entry == Entry::Absolute {
             return Err(AuthError::Missing);
         }
-        if let Some(v) = h.get(header::AUTHORIZATION) {
-            let v = v.to_str().map_err(|_| AuthError::Malformed)?;
-            return match v.split_once(' ') {
-                Some((s, _)) if s.eq_ignore_ascii_case("basic") => auth::parse_basic(v.as_bytes()),
-                Some((s, rest)) if s.eq_ignore_ascii_case("bearer") => pair(rest.trim()),
-                _ => Err(AuthError::Malformed),
-            };
+        let authorization = h.get(header::AUTHORIZATION).map(|v| v.to_str().map_err(|_| AuthError::Malformed));
+        match authorization {
+            Some(Ok(v)) if scheme(v, "basic").is_some() => return auth::parse_basic(v.as_bytes()),
+            Some(Ok(v)) if let Some(rest) = scheme(v, "bearer") => return pair(rest.trim()),
+            _ => {}
         }
+        // An `Authorization` of another scheme (an SDK's own) leaves the API key header
+        // to carry the credential.
         if let Some((name, prefix)) = self.api_key
             && let Some(v) = h.get(name).and_then(|v| v.to_str().ok())
         {
             return pair(v.trim().strip_prefix(prefix).unwrap_or(v.trim()));
         }
-        Err(AuthError::Missing)
+        match authorization {
+            Some(_) => Err(AuthError::Malformed),
+            None => Err(AuthError::Missing),
+        }
     }
+}
+
+/// The credentials after `scheme ` in an `Authorization` value, when it is that scheme.
+fn scheme<'a>(value: &'a str, scheme: &str) -> Option<&'a str> {
+    value.split_once(' ').filter(|(x, _)| x.eq_ignore_ascii_case(scheme)).map(|(_, rest)| rest)
 }
 
 fn pair(s: &str) -> Result<Credentials, AuthError> {

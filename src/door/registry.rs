@@ -119,12 +119,21 @@ impl Registry {
     /// Ends every connection whose credential `state` refuses, or whose destination
     /// its policy no longer allows. Returns how many were ended.
     pub fn close_disallowed(&self, state: &State) -> usize {
-        self.close_where(|e| {
-            let allowed = policy_for(state, e).is_some_and(|p| {
-                std::iter::once(&e.held).chain(&e.also).all(|s| policy::decide(p, s, e.repos.as_deref()).permits())
-            });
-            (!allowed).then_some("the new policies or credentials no longer allow it")
-        })
+        self.close_where(|e| (!allowed(state, e)).then_some("the new policies or credentials no longer allow it"))
+    }
+
+    /// Judges one registration under `state`, as a sweep would, and ends it if
+    /// refused; `true` when it may go on. For a request decided under an older state
+    /// than `state`: a reload's sweep that ran between its decision and its
+    /// registration did not see it.
+    pub fn recheck(&self, registration: &Registration, state: &State) -> bool {
+        let Ok(open) = self.open.lock() else { return false };
+        let Some(e) = open.get(&registration.id) else { return false };
+        if allowed(state, e) {
+            return true;
+        }
+        e.cancel.cancel();
+        false
     }
 
     /// Ends every connection authenticated by a signed token that expired more than
@@ -153,6 +162,12 @@ impl Registry {
         }
         closed
     }
+}
+
+fn allowed(state: &State, e: &Entry) -> bool {
+    policy_for(state, e).is_some_and(|p| {
+        std::iter::once(&e.held).chain(&e.also).all(|s| policy::decide(p, s, e.repos.as_deref()).permits())
+    })
 }
 
 /// The policy that governs `e` under `state`, if its credential is still good there.

@@ -29,8 +29,47 @@ impl RouteRule {
     }
 }
 
-/// A path that climbs out of its prefix (`..`, `//`, an encoded dot): never allowed,
+/// A path that climbs out of its prefix, or could once an upstream decodes it (once
+/// or more): `..`, `//` or `\\` as written or after percent-decoding, and encodings
+/// that decode to invalid UTF-8 (overlong dots such as `%c0%ae`). Never allowed,
 /// whatever the route's paths say.
 pub fn is_traversal(path: &str) -> bool {
-    path.contains("..") || path.contains("//") || path.contains('%') && path.to_ascii_lowercase().contains("%2e")
+    let mut current = path.as_bytes().to_vec();
+    for _ in 0..4 {
+        if contains(&current, b"..") || contains(&current, b"//") || current.contains(&b'\\') {
+            return true;
+        }
+        let decoded = percent_decode(&current);
+        if std::str::from_utf8(&decoded).is_err() {
+            return true;
+        }
+        if decoded == current {
+            return false;
+        }
+        current = decoded;
+    }
+    // Encoded four times over: no honest client sends that.
+    true
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn percent_decode(s: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%'
+            && let (Some(h), Some(l)) = (s.get(i + 1).copied().and_then(hex), s.get(i + 2).copied().and_then(hex))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    out
 }

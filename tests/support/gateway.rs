@@ -32,6 +32,15 @@ impl TestGateway {
     /// Like [`start`], with extra keys for the `[policy]` section (which the harness
     /// writes itself).
     pub fn start_with_policy_section(config: &str, policy: &str, policy_keys: &str) -> TestGateway {
+        Self::start_in(None, config, policy, policy_keys)
+    }
+
+    /// Like [`start`], inside network namespace `netns` (`ip netns exec`).
+    pub fn start_in_netns(netns: &str, config: &str, policy: &str) -> TestGateway {
+        Self::start_in(Some(netns), config, policy, "")
+    }
+
+    fn start_in(netns: Option<&str>, config: &str, policy: &str, policy_keys: &str) -> TestGateway {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
         std::fs::write(dir.path().join("policy/test.toml"), policy).expect("write policy");
@@ -42,11 +51,19 @@ impl TestGateway {
             "[log]\nformat = \"json\"\nlevel = \"info\"\n\n[policy]\ndir = \"policy\"\n{watch}{policy_keys}{admin}{config}"
         );
         std::fs::write(dir.path().join("gateway.toml"), cfg).expect("write config");
-        Self::spawn(dir)
+        Self::spawn(dir, netns)
     }
 
-    fn spawn(dir: tempfile::TempDir) -> TestGateway {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+    fn spawn(dir: tempfile::TempDir, netns: Option<&str>) -> TestGateway {
+        let mut command = match netns {
+            None => Command::new(env!("CARGO_BIN_EXE_egress-gateway")),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_egress-gateway")]);
+                c
+            }
+        };
+        let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(dir.path().join("gateway.toml"))
             .stdin(Stdio::null())

@@ -14,7 +14,8 @@ root, cert, key = sys.argv[1], sys.argv[2], sys.argv[3]
 class Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a): pass
 handler = functools.partial(Quiet, directory=root)
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+port = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
 if cert:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -39,15 +40,33 @@ impl StaticServer {
         Self::start(root, None)
     }
 
+    /// HTTPS on 127.0.0.1:`port` inside network namespace `netns`.
+    pub fn https_in_netns(root: &Path, ca: &TestCa, netns: &str, port: u16) -> StaticServer {
+        Self::start_in(root, Some(ca), Some((netns, port)))
+    }
+
     fn start(root: &Path, ca: Option<&TestCa>) -> StaticServer {
+        Self::start_in(root, ca, None)
+    }
+
+    fn start_in(root: &Path, ca: Option<&TestCa>, netns: Option<(&str, u16)>) -> StaticServer {
         let (cert, key) = match ca {
             Some(ca) => (ca.cert_pem_path.display().to_string(), ca.key_pem_path.display().to_string()),
             None => (String::new(), String::new()),
         };
-        let mut child = Command::new("python3")
+        let mut command = match netns {
+            None => Command::new("python3"),
+            Some((ns, _)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "python3"]);
+                c
+            }
+        };
+        let port = netns.map_or(0, |(_, p)| p);
+        let mut child = command
             .args(["-c", SERVER])
             .arg(root)
-            .args([cert, key])
+            .args([cert, key, port.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
