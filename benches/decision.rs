@@ -68,6 +68,7 @@ fn tokens(c: &mut Criterion) {
             policy: p,
             vpce: Vec::new(),
             addresses: Vec::new(),
+            labels: Vec::new(),
         },
     );
     let verifier = egress_gateway::tokens::Verifier::default();

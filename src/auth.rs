@@ -247,6 +247,7 @@ mod tests {
                 policy,
                 vpce: vec!["vpce-1".into()],
                 addresses: Vec::new(),
+                labels: Vec::new(),
             },
         );
         let now = tokens::now();

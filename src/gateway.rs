@@ -107,14 +107,27 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         route_budgets,
         admission,
     };
-    Ok(Arc::new(Shared {
+    let shared = Arc::new(Shared {
         door,
         draining: AtomicBool::new(false),
         tls,
         forward: crate::forward::Forwarder { clients },
         git,
         routes,
-    }))
+    });
+    let weak = Arc::downgrade(&shared);
+    shared.resolver.set_peers(Arc::new(move |name: &str| {
+        let shared = weak.upgrade()?;
+        let state = shared.store.snapshot();
+        let suffix = &state.policies.peer_suffix;
+        let id = name.strip_suffix(suffix.as_str())?.strip_suffix('.').filter(|id| !id.is_empty())?;
+        Some(
+            state.policies.peer_address(id).ok_or_else(|| {
+                format!("sandbox {id:?} has no single address to be reached at (sandboxes[].addresses)")
+            }),
+        )
+    }));
+    Ok(shared)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -361,8 +374,10 @@ fn may_reach(shared: &Arc<Shared>) -> crate::dns::MayReach {
         let Some(sandbox) = sandbox else { return false };
         let ports = transparent.map_or([443, 80], |t| [t.https_port, t.http_port]);
         ports.iter().any(|port| {
-            crate::addr::parse_authority(&format!("{name}:{port}"), None)
-                .is_ok_and(|t| sandbox.policy.decide(&t).permits())
+            crate::addr::parse_authority(&format!("{name}:{port}"), None).is_ok_and(|t| {
+                let subject = state.policies.subject_for(&sandbox.id, &t);
+                crate::policy::decide(&sandbox.policy, &subject, None).permits()
+            })
         })
     })
 }

@@ -10,6 +10,7 @@ pub mod explain;
 pub mod git;
 pub mod hosts;
 pub mod net;
+pub mod peers;
 pub mod route;
 pub mod rule;
 pub mod subject;
@@ -55,6 +56,10 @@ pub struct Policy {
     git: GitRules,
     vpce: Vec<String>,
     routes: Vec<RouteRule>,
+    /// `allow_all = true`: the index of its rule source.
+    allow_all: Option<usize>,
+    peers: Vec<peers::PeerPattern>,
+    accept_from: Vec<peers::PeerPattern>,
 }
 
 /// Decides `subject` under `policy`: the one decision every path takes. `narrow` is a
@@ -73,6 +78,7 @@ pub fn decide<'p>(policy: &'p Policy, subject: &Subject, narrow: Option<&[String
             }
         }
         Subject::Route { route, method, path } => policy.decide_route(route, method, path),
+        Subject::Peer { sandbox, labels, accepted, .. } => policy.decide_peer(sandbox, labels, *accepted),
     }
 }
 
@@ -89,6 +95,9 @@ impl Policy {
                 git: GitRules::default(),
                 vpce: Vec::new(),
                 routes: Vec::new(),
+                allow_all: None,
+                peers: Vec::new(),
+                accept_from: Vec::new(),
             },
         }
     }
@@ -190,6 +199,28 @@ impl Policy {
         Decision { verdict, report_only: false }
     }
 
+    /// Whether this policy's sandboxes may reach the peer sandbox `id` (with `labels`);
+    /// `accepted`: the peer's own policy accepts them. Both must hold. Always enforced:
+    /// a peer is a private address the gateway dials as an exception to `egress.deny`.
+    pub fn decide_peer(&self, id: &str, labels: &[String], accepted: bool) -> Decision<'_> {
+        let verdict = match peers::first_match(&self.peers, id, labels).and_then(|p| self.rules.get(p.rule)) {
+            None => Verdict::Deny { reason: DenyReason::PeerNotAllowed, rule: None },
+            Some(rule) if !accepted => Verdict::Deny { reason: DenyReason::PeerNotAllowed, rule: Some(rule) },
+            Some(rule) => Verdict::Allow { rule },
+        };
+        Decision { verdict, report_only: false }
+    }
+
+    /// Whether this policy's sandboxes accept connections from sandbox `id` (`labels`).
+    pub fn accepts(&self, id: &str, labels: &[String]) -> bool {
+        peers::first_match(&self.accept_from, id, labels).is_some()
+    }
+
+    /// `allow_all = true`.
+    pub fn allows_all(&self) -> bool {
+        self.allow_all.is_some()
+    }
+
     pub fn allows_ref_deletion(&self) -> bool {
         self.git.allow_delete
     }
@@ -200,6 +231,9 @@ impl Policy {
             return Verdict::Deny { reason: DenyReason::HostDenied, rule: Some(rule) };
         }
         if let Some(rule) = self.first_match(&self.allow, target, |p| self.allow_port_matches(p, port)) {
+            return Verdict::Allow { rule };
+        }
+        if let Some(rule) = self.allow_all.and_then(|i| self.rules.get(i)) {
             return Verdict::Allow { rule };
         }
         // The host is listed but not on this port: say so, naming the rule.
@@ -272,6 +306,30 @@ impl PolicyBuilder {
         self.policy.vpce = vpce;
     }
 
+    /// `allow_all = true`: every destination but what `deny` (and `egress.deny`)
+    /// refuses, on any port.
+    pub fn allow_all(&mut self, location: &str) {
+        let idx = self.policy.rules.len();
+        self.policy.rules.push(RuleSource {
+            text: "allow_all".to_string(),
+            list: RuleList::AllowAll,
+            location: location.to_string(),
+        });
+        self.policy.allow_all = Some(idx);
+    }
+
+    /// Adds one `peers` or `accept_from` pattern.
+    pub fn add_peer(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), String> {
+        let idx = self.policy.rules.len();
+        let pattern = peers::PeerPattern::new(text, idx)?;
+        self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
+        match list {
+            RuleList::AcceptFrom => self.policy.accept_from.push(pattern),
+            _ => self.policy.peers.push(pattern),
+        }
+        Ok(())
+    }
+
     /// Lets pushes delete refs that `git.push` matches.
     pub fn allow_ref_deletion(&mut self, allow: bool) {
         self.policy.git.allow_delete = allow;
@@ -311,6 +369,18 @@ pub struct Sandbox {
     pub vpce: Vec<String>,
     /// Source networks that identify it without a token.
     pub addresses: Vec<ipnet::IpNet>,
+    /// Labels other policies' `peers` and `accept_from` may match.
+    pub labels: Vec<String>,
+}
+
+/// The sandbox id a peer name (`ID.SUFFIX`, any case) names.
+pub fn peer_id<'t>(target: &'t Target, suffix: &str) -> Option<&'t str> {
+    if suffix.is_empty() {
+        return None;
+    }
+    let name = target.host.as_name()?;
+    let id = name.strip_suffix(suffix)?.strip_suffix('.')?;
+    (!id.is_empty()).then_some(id)
 }
 
 /// Every policy and sandbox known to the gateway at one generation.
@@ -320,6 +390,8 @@ pub struct PolicySet {
     pub sandboxes: HashMap<String, Sandbox>,
     /// Which sandbox a source address belongs to (`sandboxes[].addresses`).
     pub claims: claims::Claims,
+    /// Sandboxes reach each other as `ID.SUFFIX` (`egress.peer_suffix`).
+    pub peer_suffix: String,
 }
 
 impl PolicySet {
@@ -330,6 +402,40 @@ impl PolicySet {
     /// The sandbox whose `addresses` hold `ip`.
     pub fn sandbox_at(&self, ip: std::net::IpAddr) -> Option<&Sandbox> {
         self.claims.sandbox_at(ip).and_then(|id| self.sandboxes.get(id))
+    }
+
+    /// What sandbox `caller` asks for when it names `target`: a peer when the name is
+    /// `ID.SUFFIX` (with the callee's half of the agreement judged here), else the
+    /// host itself.
+    pub fn subject_for(&self, caller: &str, target: &Target) -> Subject {
+        let Some(callee) = peer_id(target, &self.peer_suffix) else { return Subject::Host(target.clone()) };
+        let caller_labels = self.sandboxes.get(caller).map_or(&[][..], |s| s.labels.as_slice());
+        let found = self.sandboxes.get(callee).or_else(|| {
+            // Names are lowercase; ids need not be.
+            self.sandboxes.values().find(|s| s.id.eq_ignore_ascii_case(callee))
+        });
+        match found {
+            Some(peer) => Subject::Peer {
+                sandbox: peer.id.clone(),
+                labels: peer.labels.clone(),
+                port: target.port,
+                accepted: peer.policy.accepts(caller, caller_labels),
+            },
+            None => {
+                Subject::Peer { sandbox: callee.to_string(), labels: Vec::new(), port: target.port, accepted: false }
+            }
+        }
+    }
+
+    /// The one address sandbox `id` can be reached at: its single-host `addresses`
+    /// claim. A sandbox that claims a wider network, or several, has none.
+    pub fn peer_address(&self, id: &str) -> Option<std::net::IpAddr> {
+        let sandbox =
+            self.sandboxes.get(id).or_else(|| self.sandboxes.values().find(|s| s.id.eq_ignore_ascii_case(id)))?;
+        match sandbox.addresses.as_slice() {
+            [one] if one.prefix_len() == one.max_prefix_len() => Some(one.addr()),
+            _ => None,
+        }
     }
 }
 
@@ -448,6 +554,32 @@ mod tests {
         )
         .hint;
         assert_eq!(hint.as_deref(), Some("method DELETE is not allowed on route api"));
+    }
+
+    #[test]
+    fn allow_all_and_peers() {
+        let mut b = Policy::builder("open", Mode::Enforce, &[80, 443]);
+        b.add(RuleList::Deny, "evil.example", "t:2").unwrap();
+        b.allow_all("t:1");
+        let open = b.build();
+        assert_eq!(decide(&open, "anything.example:8443"), ("allow", None, Some("allow_all".into())));
+        assert_eq!(decide(&open, "evil.example:443").1, Some(DenyReason::HostDenied));
+
+        let mut b = Policy::builder("p", Mode::Report, &[443]);
+        b.add_peer(RuleList::Peers, "team-a/*", "t:3").unwrap();
+        b.add_peer(RuleList::AcceptFrom, "sbx-runner", "t:4").unwrap();
+        assert!(b.add_peer(RuleList::Peers, "bad pattern", "t:5").is_err());
+        let p = b.build();
+        let peer = |id: &str, label: &str, accepted: bool| {
+            let s = Subject::Peer { sandbox: id.into(), labels: vec![label.into()], port: 5432, accepted };
+            let d = super::decide(&p, &s, None);
+            (d.outcome(), d.rule().map(|r| r.location.clone()))
+        };
+        // Report mode never lets a peer through: both sides must agree.
+        assert_eq!(peer("sbx-db", "team-a/db", true), (Outcome::Allow, Some("t:3".into())));
+        assert_eq!(peer("sbx-db", "team-a/db", false), (Outcome::Deny, Some("t:3".into())));
+        assert_eq!(peer("sbx-db", "team-b/db", true), (Outcome::Deny, None));
+        assert!(p.accepts("sbx-runner", &[]) && !p.accepts("sbx-other", &["team-a/x".into()]));
     }
 
     #[test]

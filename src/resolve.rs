@@ -48,8 +48,15 @@ impl DialError {
 #[cfg(feature = "fuzzing")]
 pub type DialRecorder = std::sync::Arc<dyn Fn(&Target, SocketAddr) + Send + Sync>;
 
+/// Where a peer name (`ID.sandboxes.internal`) leads: `None` for a name that is not a
+/// peer's; else the peer's one address, or why it has none.
+pub type PeerLookup = std::sync::Arc<dyn Fn(&str) -> Option<Result<IpAddr, String>> + Send + Sync>;
+
 pub struct Resolver {
     hosts: HashMap<String, Vec<IpAddr>>,
+    /// Set once at start-up (it reads the current policies): peer names resolve to
+    /// the peer's claimed address, the one private address a peer rule may reach.
+    peers: std::sync::OnceLock<PeerLookup>,
     #[cfg(feature = "fuzzing")]
     recorder: Option<DialRecorder>,
     dns: TokioResolver,
@@ -112,6 +119,7 @@ impl Resolver {
         let dns = builder.build().map_err(io::Error::other)?;
         Ok(Resolver {
             hosts: cfg.hosts.clone(),
+            peers: std::sync::OnceLock::new(),
             #[cfg(feature = "fuzzing")]
             recorder: None,
             dns,
@@ -126,6 +134,11 @@ impl Resolver {
     #[cfg(feature = "fuzzing")]
     pub fn record_dials_instead(&mut self, recorder: DialRecorder) {
         self.recorder = Some(recorder);
+    }
+
+    /// Installs the peer lookup (once; later calls are ignored).
+    pub fn set_peers(&self, lookup: PeerLookup) {
+        let _ = self.peers.set(lookup);
     }
 
     pub fn filter(&self) -> &EgressFilter {
@@ -156,6 +169,13 @@ impl Resolver {
 
     /// The addresses of `target` that the egress filter lets through, canonicalised.
     pub async fn vetted(&self, target: &Target) -> Result<Vec<SocketAddr>, DialError> {
+        // A peer name is never looked up in DNS, and its address is not vetted against
+        // egress.deny: the front door authorized this very peer (both policies agree).
+        if let (Some(lookup), Host::Name(name)) = (self.peers.get(), &target.host)
+            && let Some(peer) = lookup(name)
+        {
+            return peer.map(|ip| vec![SocketAddr::new(ip, target.port)]).map_err(DialError::ResolveFailed);
+        }
         let ips = self.resolve(&target.host).await?;
         vet_all(&self.filter, &ips, target.port)
     }

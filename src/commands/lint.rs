@@ -110,6 +110,18 @@ fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
         warn(out, push, "git.push without git.repos: no repository can be pushed to".into());
     }
     let policy_location = || policy.rules().first().map_or_else(String::new, |r| r.location.clone());
+    if policy.mode() == crate::policy::Mode::Enforce
+        && let Some(all) = policy.rules().iter().find(|r| r.list == RuleList::AllowAll)
+        && !policy.rules().iter().any(|r| r.list == RuleList::Deny)
+    {
+        warn(
+            out,
+            all,
+            "allow_all in enforce mode with no deny rules: every public destination is reachable; add deny \
+             rules for what must stay out, or run it in report mode"
+                .into(),
+        );
+    }
     if policy.mode() == crate::policy::Mode::Report && (has_repos || policy.routes().next().is_some()) {
         out.push(Warning {
             location: policy_location(),

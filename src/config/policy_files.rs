@@ -53,7 +53,8 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
             vec![Source::new(DisplayPath(label.clone()), text.clone())]
         }
     };
-    let set = compile(&sources, config.policy.mode, &config.egress.ports, &config.routes)?;
+    let mut set = compile(&sources, config.policy.mode, &config.egress.ports, &config.routes)?;
+    set.peer_suffix = config.egress.peer_suffix.clone();
     // A sidecar's one sandbox must exist: on a reload too (the old state stays).
     if let Some(id) = config.transparent.as_ref().and_then(|t| t.sandbox.as_ref())
         && set.sandbox(id).is_none()
@@ -77,7 +78,9 @@ pub fn load_shadow(config: &Config) -> Result<Option<PolicySet>, ConfigError> {
             format!("expected a directory of policy files, {} is not one", dir.display()),
         ));
     }
-    compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports, &config.routes).map(Some)
+    let mut set = compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports, &config.routes)?;
+    set.peer_suffix = config.egress.peer_suffix.clone();
+    Ok(Some(set))
 }
 
 /// The `*.toml` files of `dir`, sorted by name so that load order is stable.
@@ -156,6 +159,19 @@ fn compile(
                 }
                 b.allow_ref_deletion(git.allow_delete);
             }
+            if let Some(all) = &def.allow_all
+                && *all.get_ref()
+            {
+                b.allow_all(&format!("{}:{}", src.file, src.line_of(all.span().start)));
+            }
+            for (list, rules) in [(RuleList::Peers, &def.peers), (RuleList::AcceptFrom, &def.accept_from)] {
+                for (i, rule) in rules.iter().enumerate() {
+                    let line = src.line_of(rule.span().start);
+                    b.add_peer(list, rule.get_ref(), &format!("{}:{line}", src.file)).map_err(|e| {
+                        ConfigError::invalid(&src.file, format!("policies.{name}.{}[{i}] (line {line})", list.key()), e)
+                    })?;
+                }
+            }
             b.require_vpce(def.vpce.clone());
             for (i, listed) in def.routes.iter().enumerate() {
                 let line = src.line_of(listed.span().start);
@@ -210,7 +226,21 @@ fn compile(
             claims.push(Claim { net, sandbox: s.id.clone(), location: format!("{}:{at}", src.file) });
             addresses.push(net);
         }
-        sandboxes.insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy, vpce: s.vpce, addresses });
+        for (i, label) in s.labels.iter().enumerate() {
+            let ok = !label.is_empty()
+                && label.len() <= 128
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/=".contains(&b));
+            if !ok {
+                return Err(ConfigError::invalid(
+                    &src.file,
+                    key(&format!("labels[{i}]")),
+                    format!("expected letters, digits, '.', '_', '-', '/' or '=', got {label:?}"),
+                ));
+            }
+        }
+        let labels = s.labels;
+        sandboxes
+            .insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy, vpce: s.vpce, addresses, labels });
     }
     let claims = Claims::build(claims).map_err(|pair| {
         let (a, b) = *pair;
@@ -224,7 +254,7 @@ fn compile(
             ),
         )
     })?;
-    Ok(PolicySet { policies, sandboxes, claims })
+    Ok(PolicySet { policies, sandboxes, claims, peer_suffix: String::new() })
 }
 
 fn valid_name(s: &str) -> bool {

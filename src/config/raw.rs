@@ -313,11 +313,18 @@ pub struct RawEgress {
     pub deny: Vec<String>,
     pub allow: Vec<String>,
     pub ports: Vec<u16>,
+    /// Sandboxes reach each other as `ID.SUFFIX`.
+    pub peer_suffix: String,
 }
 
 impl Default for RawEgress {
     fn default() -> Self {
-        RawEgress { deny: vec!["builtin".to_string()], allow: Vec::new(), ports: vec![80, 443] }
+        RawEgress {
+            deny: vec!["builtin".to_string()],
+            allow: Vec::new(),
+            ports: vec![80, 443],
+            peer_suffix: "sandboxes.internal".to_string(),
+        }
     }
 }
 
@@ -413,6 +420,12 @@ pub struct RawPolicy {
     pub vpce: Vec<String>,
     /// API routes (`[[routes]]` names) the policy's sandboxes may use.
     pub routes: Vec<Spanned<String>>,
+    /// Every destination but what `deny` and `egress.deny` refuse.
+    pub allow_all: Option<Spanned<bool>>,
+    /// Other sandboxes (id or label globs) the policy's sandboxes may reach.
+    pub peers: Vec<Spanned<String>>,
+    /// Other sandboxes (id or label globs) the policy's sandboxes accept.
+    pub accept_from: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -438,6 +451,9 @@ pub struct RawSandbox {
     /// transparent listeners and the DNS firewall's answer mode.
     #[serde(default)]
     pub addresses: Vec<Spanned<String>>,
+    /// Labels `peers` and `accept_from` patterns may match.
+    #[serde(default)]
+    pub labels: Vec<String>,
 }
 
 /// An optional path or name: absent, or written as `""`, is `None`.

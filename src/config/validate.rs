@@ -141,6 +141,8 @@ pub struct ResolverConfig {
 pub struct EgressConfig {
     pub filter: EgressFilter,
     pub ports: Vec<u16>,
+    /// Normalised; sandboxes reach each other as `ID.SUFFIX`.
+    pub peer_suffix: String,
 }
 
 #[derive(Debug, Clone)]
@@ -328,7 +330,10 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     if raw.egress.ports.contains(&0) {
         return Err(err("egress.ports", &"expected ports 1-65535, got 0"));
     }
-    let egress = EgressConfig { filter: EgressFilter::new(deny, allow), ports: raw.egress.ports };
+    let peer_suffix = addr::normalize_hostname(&raw.egress.peer_suffix).map_err(|e| {
+        err("egress.peer_suffix", &format!("expected a domain name, got {:?}: {e}", raw.egress.peer_suffix))
+    })?;
+    let egress = EgressConfig { filter: EgressFilter::new(deny, allow), ports: raw.egress.ports, peer_suffix };
 
     let dir = PathBuf::from(&raw.policy.dir);
     let dir = if dir.is_absolute() { dir } else { clean_path(&base_dir.join(dir)) };

@@ -63,6 +63,13 @@ pub fn authorize_as(
 ) -> Result<Authorized, Refusal> {
     rec.sandbox = Some(identity.sandbox.clone());
     rec.policy = Some(identity.policy.name().to_string());
+    // `ID.sandboxes.internal`: another sandbox, whose policy has a say too.
+    let subject = match subject {
+        Subject::Host(t) if policy::peer_id(&t, &state.policies.peer_suffix).is_some() => {
+            state.policies.subject_for(&identity.sandbox, &t)
+        }
+        other => other,
+    };
 
     let decision = policy::decide(&identity.policy, &subject, identity.repos.as_deref());
     record_decision(rec, &identity, &decision);

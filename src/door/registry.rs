@@ -166,7 +166,24 @@ impl Registry {
 
 fn allowed(state: &State, e: &Entry) -> bool {
     policy_for(state, e).is_some_and(|p| {
-        std::iter::once(&e.held).chain(&e.also).all(|s| policy::decide(p, s, e.repos.as_deref()).permits())
+        std::iter::once(&e.held).chain(&e.also).all(|s| {
+            // A peer's half of the agreement is judged again under the new state.
+            let fresh;
+            let s = match s {
+                Subject::Peer { sandbox, port, .. } => {
+                    let name = format!("{sandbox}.{}", state.policies.peer_suffix);
+                    match crate::addr::parse_authority(&format!("{name}:{port}"), None) {
+                        Ok(t) => {
+                            fresh = state.policies.subject_for(&e.sandbox, &t);
+                            &fresh
+                        }
+                        Err(_) => return false,
+                    }
+                }
+                other => other,
+            };
+            policy::decide(p, s, e.repos.as_deref()).permits()
+        })
     })
 }
 

@@ -23,10 +23,11 @@ pub enum DenyReason {
     UpstreamTimeout,
     LimitExceeded,
     UpstreamEncoding,
+    PeerNotAllowed,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 18] = [
+    pub const ALL: [DenyReason; 19] = [
         DenyReason::AuthRequired,
         DenyReason::AuthInvalid,
         DenyReason::TokenExpired,
@@ -45,6 +46,7 @@ impl DenyReason {
         DenyReason::UpstreamTimeout,
         DenyReason::LimitExceeded,
         DenyReason::UpstreamEncoding,
+        DenyReason::PeerNotAllowed,
     ];
 
     pub fn code(self) -> &'static str {
@@ -67,6 +69,7 @@ impl DenyReason {
             DenyReason::UpstreamTimeout => "upstream_timeout",
             DenyReason::LimitExceeded => "limit_exceeded",
             DenyReason::UpstreamEncoding => "upstream_encoding",
+            DenyReason::PeerNotAllowed => "peer_not_allowed",
         }
     }
 
@@ -91,6 +94,7 @@ impl DenyReason {
             DenyReason::UpstreamTimeout => "upstream did not answer in time",
             DenyReason::LimitExceeded => "a gateway limit was exceeded",
             DenyReason::UpstreamEncoding => "the upstream answered with a content coding the gateway cannot redact",
+            DenyReason::PeerNotAllowed => "the sandboxes' policies do not both allow this connection",
         }
     }
 }
@@ -112,6 +116,12 @@ pub enum RuleList {
     GitPush,
     /// `routes`: an API route, with the methods and paths its `[[routes]]` entry allows.
     Routes,
+    /// `allow_all = true`: every destination but what `deny` and `egress.deny` refuse.
+    AllowAll,
+    /// `peers`: other sandboxes this policy's sandboxes may reach.
+    Peers,
+    /// `accept_from`: other sandboxes this policy's sandboxes accept connections from.
+    AcceptFrom,
 }
 
 impl RuleList {
@@ -123,6 +133,9 @@ impl RuleList {
             RuleList::GitRepos => "git.repos",
             RuleList::GitPush => "git.push",
             RuleList::Routes => "routes",
+            RuleList::AllowAll => "allow_all",
+            RuleList::Peers => "peers",
+            RuleList::AcceptFrom => "accept_from",
         }
     }
 }
@@ -141,7 +154,7 @@ impl RuleSource {
     /// as `routes "NAME"`.
     pub fn logged(&self) -> String {
         match self.list {
-            RuleList::Routes => self.to_string(),
+            RuleList::Routes | RuleList::Peers | RuleList::AcceptFrom => self.to_string(),
             _ => self.text.clone(),
         }
     }

@@ -47,6 +47,14 @@ pub fn explain(sandbox: &str, policy: &Policy, narrow: Option<&[String]>, subjec
 
 /// Decides `subject` for sandbox `sandbox_id` under `set`.
 pub fn evaluate(set: &PolicySet, sandbox_id: &str, subject: &Subject) -> Answer {
+    let peer;
+    let subject = match subject {
+        Subject::Host(t) => {
+            peer = set.subject_for(sandbox_id, t);
+            &peer
+        }
+        other => other,
+    };
     match set.sandbox(sandbox_id) {
         Some(sbx) => explain(sandbox_id, &sbx.policy, None, subject),
         None => Answer {
@@ -103,6 +111,14 @@ pub fn hint(policy: &Policy, reason: DenyReason, subject: &Subject, decision: &D
             Some(_) => format!("path {} is not allowed on route {route}", path_only(path)),
         }),
         (DenyReason::BadRequest, Subject::Route { .. }) => Some("path traversal is not allowed".into()),
+        (DenyReason::PeerNotAllowed, Subject::Peer { sandbox, .. }) => Some(match decision.rule() {
+            None => {
+                format!("to allow it, add \"{sandbox}\" to policies.{name}.peers (and the caller to its accept_from)")
+            }
+            Some(_) => {
+                format!("sandbox {sandbox} does not accept this sandbox: its policy's accept_from must match it")
+            }
+        }),
         _ => None,
     }
 }

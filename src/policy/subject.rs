@@ -13,6 +13,10 @@ pub enum Subject {
     Git { repo: String, access: GitAccess },
     /// A request on a credential-injecting API route.
     Route { route: String, method: String, path: String },
+    /// Another sandbox (`ID.sandboxes.internal:PORT`): its id and labels, and whether
+    /// its own policy's `accept_from` admits the caller (the callee's half of the
+    /// agreement, judged from the same policy set).
+    Peer { sandbox: String, labels: Vec<String>, port: u16, accepted: bool },
 }
 
 /// What a git request does to its repository.
@@ -39,6 +43,7 @@ impl std::fmt::Display for Subject {
                 write!(f, "git {repo} (delete {name})")
             }
             Subject::Route { route, method, path } => write!(f, "route:{route} {method} {path}"),
+            Subject::Peer { sandbox, port, .. } => write!(f, "peer {sandbox}:{port}"),
         }
     }
 }
