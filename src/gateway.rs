@@ -375,6 +375,10 @@ fn may_reach(shared: &Arc<Shared>) -> crate::dns::MayReach {
         let ports = transparent.map_or([443, 80], |t| [t.https_port, t.http_port]);
         ports.iter().any(|port| {
             crate::addr::parse_authority(&format!("{name}:{port}"), None).is_ok_and(|t| {
+                // As a transparent connection: a name, never an IP literal.
+                if !matches!(t.host, crate::addr::Host::Name(_)) {
+                    return false;
+                }
                 let subject = state.policies.subject_for(&sandbox.id, &t);
                 crate::policy::decide(&sandbox.policy, &subject, None).permits()
             })

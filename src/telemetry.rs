@@ -49,7 +49,10 @@ static OUTPUT: OnceLock<(batch::Batch, bool)> = OnceLock::new();
 /// Installs the global subscriber. Returns an error if one is already installed.
 pub fn init(cfg: &LogConfig) -> Result<(), String> {
     // hickory logs every query at info; the gateway does its own logging.
-    let directives = format!("{},hickory_proto=warn,hickory_resolver=warn,hickory_server=warn", cfg.level);
+    // rustls warns about every malformed ClientHello with the client's bytes in it: a
+    // transparent listener would let any client write the log; its refusals are in
+    // the access log instead.
+    let directives = format!("{},hickory_proto=warn,hickory_resolver=warn,hickory_server=warn,rustls=error", cfg.level);
     let filter = EnvFilter::try_new(directives).map_err(|e| e.to_string())?;
     let json = match cfg.format {
         LogFormat::Json => true,

@@ -195,6 +195,45 @@ fn http_by_host_header_forwards_and_denies_like_the_proxy() {
     let reply = support::raw::exchange(listen, b"GET / HTTP/1.0\r\n\r\n");
     assert_eq!(support::raw::status(&reply), 400, "{reply}");
     assert!(reply.contains("no Host header"), "{reply}");
+    // The request line must not name another host than the one decided, and CONNECT
+    // belongs on the proxy port.
+    let reply = support::raw::exchange(
+        listen,
+        b"GET http://blocked.origin.test/x HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(support::raw::status(&reply), 400, "{reply}");
+    let reply =
+        support::raw::exchange(listen, b"CONNECT blocked.origin.test:443 HTTP/1.1\r\nHost: origin.test\r\n\r\n");
+    assert_eq!(support::raw::status(&reply), 400, "{reply}");
+    let reply = support::raw::exchange(
+        listen,
+        b"GET http://ORIGIN.test./x HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(support::raw::status(&reply), 200, "the same host, written differently: {reply}");
+}
+
+#[test]
+fn with_proxy_protocol_on_an_untrusted_address_keeps_to_its_share() {
+    let ca = ca();
+    let origin = TestOrigin::https(&ca);
+    let base = STANDARD_CONFIG.replace(
+        "[proxy]\n",
+        "[proxy]\nproxy_protocol = \"optional\"\ntrusted_proxies = [\"127.0.0.9/32\"]\nmax_unauthenticated_per_client = 2\n",
+    );
+    let config = format!("{base}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttps_port = {}\n", origin.port());
+    let gw = TestGateway::start(&config, &policy());
+    let listen = gw.transparent_addr("https");
+    // Two silent connections from 127.0.0.2 take its share; a third is closed at once,
+    // and sandbox sbx-a (127.0.0.1) is still served.
+    let _held: Vec<_> = (0..2).map(|_| support::raw::connect_from([127, 0, 0, 2], listen).unwrap()).collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut third = support::raw::connect_from([127, 0, 0, 2], listen).unwrap();
+    third.set_read_timeout(Some(std::time::Duration::from_secs(1))).unwrap();
+    let mut buf = [0u8; 8];
+    let n = std::io::Read::read(&mut third, &mut buf);
+    assert!(matches!(n, Ok(0)) || n.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{n:?}");
+    let ok = curl_https(&gw, &ca, "tls.test", &[]);
+    assert_eq!((ok.exit, ok.status), (0, 200), "{}", ok.stderr);
 }
 
 #[test]
@@ -294,6 +333,9 @@ fn dns_answer_mode_answers_what_the_asking_sandbox_may_reach() {
     assert_eq!(ips(&ask("127.0.0.3", "b-only.test.", RecordType::A)).len(), 1);
     assert_eq!(ask("127.0.0.3", "tls.test.", RecordType::A).metadata.response_code, ResponseCode::NXDomain);
     assert_eq!(ask("127.0.0.2", "tls.test.", RecordType::A).metadata.response_code, ResponseCode::NXDomain);
+    // A name that is an IP literal is never answered: a transparent connection would
+    // refuse it (policy a has a rule for 127.0.0.1).
+    assert_eq!(ask("127.0.0.1", "127.0.0.1.", RecordType::A).metadata.response_code, ResponseCode::NXDomain);
     // The gateway's own name as before.
     assert_eq!(ips(&ask("127.0.0.2", "gateway.sandbox.internal.", RecordType::A)).len(), 1);
 }
@@ -329,4 +371,27 @@ fn overlapping_address_claims_are_a_load_error_naming_both() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("addresses[0] (line 8)") && err.contains("10.1.0.0/16"), "{err}");
+    // An IPv4-mapped network overlaps the IPv4 network it maps.
+    let mapped = "[policies.p]\nallow = []\n\n[[sandboxes]]\nid = \"one\"\ntoken_sha256 = \"@H@\"\npolicy = \"p\"\n\
+                  addresses = [\"::ffff:10.1.0.0/112\"]\n\n[[sandboxes]]\nid = \"two\"\ntoken_sha256 = \"@H@\"\npolicy = \"p\"\n\
+                  addresses = [\"10.1.2.3\"]\n"
+        .replace("@H@", &support::sha256_hex("t"));
+    std::fs::write(dir.path().join("policy/p.toml"), mapped).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["config", "validate", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    // A sidecar's one sandbox is every client: its listeners must be loopback.
+    std::fs::write(
+        &cfg,
+        "[policy]\ndir = \"policy\"\n[transparent]\nhttps_listen = \"0.0.0.0:8443\"\nsandbox = \"one\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["config", "validate", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("transparent.https_listen") && err.contains("loopback"), "{err}");
 }

@@ -67,6 +67,9 @@ impl Namespaces {
         let rules = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(rules.path(), recipe).unwrap();
         ok(&["ip", "netns", "exec", gw, "nft", "-f", rules.path().to_str().unwrap()]);
+        // The sidecar recipe is not exercised here; it must at least load.
+        let sidecar = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/deploy/transparent-sidecar.nft");
+        ok(&["ip", "netns", "exec", gw, "nft", "-c", "-f", sidecar.to_str().unwrap()]);
         ns
     }
 

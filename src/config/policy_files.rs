@@ -276,6 +276,16 @@ fn parse_claim(s: &str) -> Result<ipnet::IpNet, String> {
     if net.trunc() != net {
         return Err(format!("{s} has host bits set; did you mean {}?", net.trunc()));
     }
+    // An IPv4-mapped network is the IPv4 network it maps: addresses are looked up (and
+    // overlaps found) as IPv4.
+    if let ipnet::IpNet::V6(v6) = net
+        && let Some(v4) = v6.network().to_ipv4_mapped()
+    {
+        return match v6.prefix_len().checked_sub(96) {
+            Some(len) => ipnet::Ipv4Net::new(v4, len).map(ipnet::IpNet::V4).map_err(|e| e.to_string()),
+            None => Err(format!("{s} covers more than the IPv4-mapped range; claim IPv4 networks as IPv4")),
+        };
+    }
     Ok(net)
 }
 

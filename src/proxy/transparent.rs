@@ -51,13 +51,34 @@ pub async fn serve(
         shared.tasks.clone().spawn(async move {
             let _permit = permit;
             let _active = crate::metrics::ActiveGuard::connection();
+            // As on the proxy port: a peer that is not a trusted proxy is held to its
+            // address's share before the PROXY header wait, so one address cannot hold
+            // every slot by sending nothing.
+            let proxy = &shared.config.proxy;
+            let untrusted = proxy.proxy_protocol != crate::config::ProxyProtocol::Off
+                && !proxy.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
+            let early = match untrusted {
+                true => match shared.admission.admit(peer.ip()) {
+                    Some(p) => Some(p),
+                    None => return over_share(peer),
+                },
+                false => None,
+            };
             let Some(mut conn) = server::admit(&mut stream, peer, &shared).await else { return };
-            let Some(pending) = shared.admission.admit(conn.peer.ip()) else {
-                tracing::debug!(client_addr = %conn.peer, "transparent connection closed: over its address's share");
-                return;
+            let pending = match early {
+                Some(p) => p,
+                None => match shared.admission.admit(conn.peer.ip()) {
+                    Some(p) => p,
+                    None => return over_share(conn.peer),
+                },
             };
             conn.pending = Some(Arc::new(pending));
             crate::transparent::serve(stream, conn, &shared.door, &cfg, kind).await;
         });
     }
+}
+
+fn over_share(client: std::net::SocketAddr) {
+    tracing::debug!(client_addr = %client, "transparent connection closed: over its address's share");
+    ::metrics::counter!(crate::metrics::PROXY_CONNECTIONS_REFUSED).increment(1);
 }

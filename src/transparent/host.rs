@@ -39,6 +39,25 @@ pub async fn read(
                     (None, _) => return Err(ReadError::Malformed("the request has no Host header".into())),
                     (Some(_), Some(_)) => return Err(ReadError::Malformed("the request has two Host headers".into())),
                 };
+                // The first request must name one host: a CONNECT, or an absolute-form
+                // target whose authority is not the Host, would be routed by the origin
+                // to a host the gateway did not decide.
+                if method.eq_ignore_ascii_case("CONNECT") {
+                    return Err(ReadError::Malformed(
+                        "CONNECT is for the proxy port, not a transparent listener".into(),
+                    ));
+                }
+                let target = req.path.unwrap_or_default();
+                if let Some((_, rest)) = target.split_once("://") {
+                    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+                    let name =
+                        |a: &str| a.rsplit_once(':').map_or(a, |(h, _)| h).trim_end_matches('.').to_ascii_lowercase();
+                    if name(authority) != name(&host) {
+                        return Err(ReadError::Malformed(
+                            "the request line names another host than the Host header".into(),
+                        ));
+                    }
+                }
                 return Ok((method, host, buf));
             }
             Ok(httparse::Status::Partial) if buf.len() >= max_bytes => return Err(ReadError::TooLarge),

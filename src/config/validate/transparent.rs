@@ -30,6 +30,19 @@ pub(super) fn validate_transparent(
     if https_listen.is_none() && http_listen.is_none() {
         return Err(ConfigError::invalid(file, "transparent", "expected https_listen, http_listen or both"));
     }
+    // A sidecar instance names every client its one sandbox: only the sandbox's own
+    // namespace (loopback) may reach it.
+    if t.sandbox.is_some() {
+        for (key, addr) in [("transparent.https_listen", https_listen), ("transparent.http_listen", http_listen)] {
+            if addr.is_some_and(|a| !a.ip().is_loopback()) {
+                return Err(ConfigError::invalid(
+                    file,
+                    key,
+                    "with transparent.sandbox every client is that sandbox: listen on loopback (127.0.0.1)",
+                ));
+            }
+        }
+    }
     for (key, port) in [("transparent.https_port", t.https_port), ("transparent.http_port", t.http_port)] {
         if port == 0 {
             return Err(ConfigError::invalid(file, key, "expected a port from 1 to 65535"));
