@@ -94,7 +94,12 @@ pub async fn handle(
         Ok((r, counter)) => (r, counter),
         Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
     };
-    let (up_req, bytes_up) = up_req;
+    let (mut up_req, bytes_up) = up_req;
+    // A peer's connection is never pooled: a reload may move the peer, and a pooled
+    // connection would still lead to its old address (another sandbox's, perhaps).
+    if !wants_upgrade && crate::policy::peer_id(&target, &door.config.egress.peer_suffix).is_some() {
+        up_req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
 
     let timeout = door.config.proxy.response_header_timeout;
     let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, client.request(up_req))).await;

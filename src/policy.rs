@@ -78,7 +78,9 @@ pub fn decide<'p>(policy: &'p Policy, subject: &Subject, narrow: Option<&[String
             }
         }
         Subject::Route { route, method, path } => policy.decide_route(route, method, path),
-        Subject::Peer { sandbox, labels, accepted, .. } => policy.decide_peer(sandbox, labels, *accepted),
+        Subject::Peer { sandbox, labels, accepted, address, .. } => {
+            policy.decide_peer(sandbox, labels, *accepted && address.is_some())
+        }
     }
 }
 
@@ -410,29 +412,36 @@ impl PolicySet {
     pub fn subject_for(&self, caller: &str, target: &Target) -> Subject {
         let Some(callee) = peer_id(target, &self.peer_suffix) else { return Subject::Host(target.clone()) };
         let caller_labels = self.sandboxes.get(caller).map_or(&[][..], |s| s.labels.as_slice());
-        let found = self.sandboxes.get(callee).or_else(|| {
-            // Names are lowercase; ids need not be.
-            self.sandboxes.values().find(|s| s.id.eq_ignore_ascii_case(callee))
-        });
-        match found {
+        // The subject names the peer as asked: a refusal says nothing of whether the
+        // sandbox exists, or how its id is written.
+        match self.peer(callee) {
             Some(peer) => Subject::Peer {
-                sandbox: peer.id.clone(),
+                sandbox: callee.to_string(),
                 labels: peer.labels.clone(),
                 port: target.port,
                 accepted: peer.policy.accepts(caller, caller_labels),
+                address: self.peer_address(callee),
             },
-            None => {
-                Subject::Peer { sandbox: callee.to_string(), labels: Vec::new(), port: target.port, accepted: false }
-            }
+            None => Subject::Peer {
+                sandbox: callee.to_string(),
+                labels: Vec::new(),
+                port: target.port,
+                accepted: false,
+                address: None,
+            },
         }
+    }
+
+    /// The sandbox a peer name's id means: ids are unique regardless of case (a load
+    /// error otherwise), and names are lowercase.
+    fn peer(&self, id: &str) -> Option<&Sandbox> {
+        self.sandboxes.get(id).or_else(|| self.sandboxes.values().find(|s| s.id.eq_ignore_ascii_case(id)))
     }
 
     /// The one address sandbox `id` can be reached at: its single-host `addresses`
     /// claim. A sandbox that claims a wider network, or several, has none.
     pub fn peer_address(&self, id: &str) -> Option<std::net::IpAddr> {
-        let sandbox =
-            self.sandboxes.get(id).or_else(|| self.sandboxes.values().find(|s| s.id.eq_ignore_ascii_case(id)))?;
-        match sandbox.addresses.as_slice() {
+        match self.peer(id)?.addresses.as_slice() {
             [one] if one.prefix_len() == one.max_prefix_len() => Some(one.addr()),
             _ => None,
         }
@@ -571,7 +580,8 @@ mod tests {
         assert!(b.add_peer(RuleList::Peers, "bad pattern", "t:5").is_err());
         let p = b.build();
         let peer = |id: &str, label: &str, accepted: bool| {
-            let s = Subject::Peer { sandbox: id.into(), labels: vec![label.into()], port: 5432, accepted };
+            let address = Some(std::net::IpAddr::from([10, 0, 0, 3]));
+            let s = Subject::Peer { sandbox: id.into(), labels: vec![label.into()], port: 5432, accepted, address };
             let d = super::decide(&p, &s, None);
             (d.outcome(), d.rule().map(|r| r.location.clone()))
         };

@@ -234,6 +234,14 @@ impl Verifier {
         if c.sub != user {
             return Err(TokenError::WrongSubject);
         }
+        // The same characters as a listed sandbox id: a subject must never read as a
+        // label (`team-a/db`) that peer rules match.
+        let id_like = !c.sub.is_empty()
+            && c.sub.len() <= 128
+            && c.sub.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !id_like {
+            return Err(TokenError::Claims("sub must be a sandbox id: letters, digits, '.', '_', '-'".into()));
+        }
         if self.revoked.contains(&c.sub) || c.jti.as_ref().is_some_and(|j| self.revoked.contains(j)) {
             return Err(TokenError::Revoked);
         }

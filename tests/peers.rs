@@ -26,7 +26,11 @@ struct PeerOrigin {
 
 impl PeerOrigin {
     fn start() -> PeerOrigin {
-        let listener = TcpListener::bind("127.0.0.3:0").unwrap();
+        Self::start_on("127.0.0.3:0")
+    }
+
+    fn start_on(addr: &str) -> PeerOrigin {
+        let listener = TcpListener::bind(addr).unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = seen.clone();
@@ -53,6 +57,10 @@ impl PeerOrigin {
 }
 
 fn policy(db_accepts: &str) -> String {
+    policy_at(db_accepts, "127.0.0.3")
+}
+
+fn policy_at(db_accepts: &str, db_address: &str) -> String {
     format!(
         r#"
 [policies.runner]
@@ -85,7 +93,7 @@ labels = ["team-a/runner"]
 id = "sbx-db"
 token_sha256 = "{b}"
 policy = "db"
-addresses = ["127.0.0.3"]
+addresses = ["{db_address}"]
 labels = ["team-a/db"]
 
 [[sandboxes]]
@@ -222,6 +230,66 @@ fn a_peer_that_stops_accepting_ends_open_tunnels() {
     }
     let rec = gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "closing a connection");
     assert!(rec["target"].as_str().unwrap().starts_with("peer sbx-db"), "{rec}");
+}
+
+#[test]
+fn a_peer_that_moves_is_followed_and_its_old_address_is_not() {
+    let old = PeerOrigin::start();
+    let new = PeerOrigin::start_on(&format!("127.0.0.4:{}", old.addr.port()));
+    let gw = gateway(old.addr.port());
+    let url = format!("http://sbx-db.sandboxes.internal:{}/x", old.addr.port());
+    for _ in 0..3 {
+        assert_eq!(via(&gw, "sbx-runner", TOKEN_A, &url, false).status, 200);
+    }
+    let mut tunnel = support::raw::connect(gw.addr);
+    let target = format!("sbx-db.sandboxes.internal:{}", old.addr.port());
+    write!(
+        tunnel,
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
+        support::gateway::basic("sbx-runner", TOKEN_A)
+    )
+    .unwrap();
+    assert_eq!(support::raw::status(&support::raw::read_head(&mut tunnel)), 200);
+    let before = old.seen.lock().unwrap().len();
+
+    // db moves to 127.0.0.4; 127.0.0.3 may now be anyone's.
+    std::fs::write(gw.dir.path().join("policy/test.toml"), policy_at("\"sbx-runner\"", "127.0.0.4")).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded");
+    // The open tunnel to the old address is ended...
+    tunnel.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    match tunnel.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("tunnel to the peer's old address still open: {other:?}"),
+    }
+    // ...and forwarded requests follow the peer, none reusing a pooled connection.
+    for _ in 0..3 {
+        let out = via(&gw, "sbx-runner", TOKEN_A, &url, false);
+        assert_eq!(out.status, 200, "{}", out.body);
+    }
+    assert_eq!(old.seen.lock().unwrap().len(), before, "a request reached the peer's old address");
+    assert_eq!(new.seen.lock().unwrap().len(), 3);
+}
+
+#[test]
+fn sandbox_ids_that_differ_only_in_case_are_a_load_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("policy")).unwrap();
+    let p = "[policies.p]\nallow = []\n\n[[sandboxes]]\nid = \"Sbx-X\"\ntoken_sha256 = \"@H@\"\npolicy = \"p\"\n\n\
+             [[sandboxes]]\nid = \"SBX-X\"\ntoken_sha256 = \"@H@\"\npolicy = \"p\"\n"
+        .replace("@H@", &sha256_hex("t"));
+    std::fs::write(dir.path().join("policy/p.toml"), p).unwrap();
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(&cfg, "[policy]\ndir = \"policy\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["config", "validate", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("differs only in case"), "{err}");
 }
 
 #[test]

@@ -53,7 +53,14 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     if args.resolve
         && let Subject::Host(target) = &subject
     {
-        let verdicts = resolve(&cfg, target)?;
+        // A peer is never looked up in DNS: it is the address its sandbox claims.
+        let verdicts = match crate::policy::peer_id(target, &set.peer_suffix) {
+            Some(id) => Ok(match set.peer_address(id) {
+                Some(ip) => Ok(vec![AddressVerdict { address: ip.to_string(), allowed: true, denied_by: None }]),
+                None => Err(format!("no sandbox {id:?} with a single address")),
+            }),
+            None => resolve(&cfg, target),
+        }?;
         match &verdicts {
             Err(e) if answer.permits() => deny(&mut answer, DenyReason::ResolveFailed, e.clone()),
             Ok(list) if answer.permits() && !list.iter().any(|a| a.allowed) => {

@@ -197,6 +197,7 @@ fn compile(
 
     let mut sandboxes = HashMap::new();
     let mut claims = Vec::new();
+    let mut seen_lower: HashMap<String, String> = HashMap::new();
     for (src, spanned) in pending_sandboxes {
         let line = src.line_of(spanned.span().start);
         let s = spanned.into_inner();
@@ -216,6 +217,14 @@ fn compile(
         })?;
         if sandboxes.contains_key(&s.id) {
             return Err(ConfigError::invalid(&src.file, key("id"), "sandbox id defined twice"));
+        }
+        // Peers are named in lowercase DNS names: ids must be unique regardless of case.
+        if let Some(other) = seen_lower.insert(s.id.to_ascii_lowercase(), s.id.clone()) {
+            return Err(ConfigError::invalid(
+                &src.file,
+                key("id"),
+                format!("differs only in case from sandbox id {other:?}: ids must be unique regardless of case"),
+            ));
         }
         let mut addresses = Vec::with_capacity(s.addresses.len());
         for (i, a) in s.addresses.iter().enumerate() {

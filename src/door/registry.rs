@@ -175,6 +175,11 @@ fn allowed(state: &State, e: &Entry) -> bool {
                     match crate::addr::parse_authority(&format!("{name}:{port}"), None) {
                         Ok(t) => {
                             fresh = state.policies.subject_for(&e.sandbox, &t);
+                            // Dialled at the address it had then: a peer that moved is
+                            // not this connection's peer any more.
+                            if fresh != *s {
+                                return false;
+                            }
                             &fresh
                         }
                         Err(_) => return false,

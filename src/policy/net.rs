@@ -33,6 +33,7 @@ pub const BUILTIN_DENY: &[&str] = &[
     "::1/128",         // loopback
     "::/96",           // IPv4-compatible (deprecated)
     "::ffff:0:0/96",   // IPv4-mapped (canonicalised before matching)
+    "::ffff:0:0:0/96", // IPv4-translated (SIIT, RFC 2765)
     "64:ff9b::/96",    // NAT64
     "64:ff9b:1::/48",  // local-use NAT64
     "100::/64",        // discard-only
@@ -157,6 +158,8 @@ mod tests {
             "::",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            "::ffff:0:127.0.0.3",
+            "::ffff:0:169.254.169.254",
             "::127.0.0.1",
             "64:ff9b::a9fe:a9fe",
             "2002:a9fe:a9fe::1",

@@ -13,10 +13,12 @@ pub enum Subject {
     Git { repo: String, access: GitAccess },
     /// A request on a credential-injecting API route.
     Route { route: String, method: String, path: String },
-    /// Another sandbox (`ID.sandboxes.internal:PORT`): its id and labels, and whether
-    /// its own policy's `accept_from` admits the caller (the callee's half of the
-    /// agreement, judged from the same policy set).
-    Peer { sandbox: String, labels: Vec<String>, port: u16, accepted: bool },
+    /// Another sandbox (`ID.sandboxes.internal:PORT`, `sandbox` as named): its labels,
+    /// whether its own policy's `accept_from` admits the caller (the callee's half of
+    /// the agreement, judged from the same policy set), and the one address it is
+    /// reached at (`None`: it has none, and cannot be reached). A reload that moves
+    /// the peer ends connections held to the old address.
+    Peer { sandbox: String, labels: Vec<String>, port: u16, accepted: bool, address: Option<std::net::IpAddr> },
 }
 
 /// What a git request does to its repository.
