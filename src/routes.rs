@@ -23,8 +23,9 @@ use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody};
 use crate::door::headers::strip_hop_by_hop;
 use crate::door::limits::SandboxLimits;
+use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
-use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody};
 use crate::policy::{DenyReason, Subject};
 use crate::reload::State;
 
@@ -43,18 +44,6 @@ pub fn budgets(routes: &[RouteConfig]) -> HashMap<String, SandboxLimits> {
         .filter(|r| r.sandbox_requests_per_minute > 0)
         .map(|r| (r.name.clone(), SandboxLimits::per_minute(r.sandbox_requests_per_minute)))
         .collect()
-}
-
-fn finish(
-    rec: &mut AccessRecord,
-    reason: DenyReason,
-    status: Option<StatusCode>,
-    hint: &str,
-    entry: Entry,
-) -> Response<ProxyBody> {
-    let mut refusal = Refusal::new(reason, hint);
-    refusal.status = status;
-    door::refuse(rec, refusal, entry)
 }
 
 /// The route an origin-form path names, and the upstream path after it.

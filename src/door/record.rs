@@ -62,6 +62,20 @@ pub fn refuse(rec: &mut AccessRecord, refusal: Refusal, entry: Entry) -> Respons
     recorded(rec, reason, rule, resp)
 }
 
+/// [`refuse`] with `status` instead of the reason's own, when given (`403` for a route
+/// method, `502` for an upstream's refusal of the gateway's credential).
+pub fn refuse_as(
+    rec: &mut AccessRecord,
+    reason: DenyReason,
+    status: Option<StatusCode>,
+    hint: &str,
+    entry: Entry,
+) -> Response<ProxyBody> {
+    let mut refusal = Refusal::new(reason, hint);
+    refusal.status = status;
+    refuse(rec, refusal, entry)
+}
+
 /// Records a refusal answered in a handler's own terms (git's smart-HTTP refusals).
 pub fn recorded(
     rec: &mut AccessRecord,

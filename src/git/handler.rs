@@ -26,8 +26,9 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody};
 use crate::door::headers::strip_hop_by_hop;
+use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
-use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, record, respond};
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, record, respond};
 use crate::policy::{self, DenyReason, GitAccess, Subject};
 use crate::reload::State;
 
@@ -40,20 +41,6 @@ pub type GitClient = crate::https_client::HttpsClient;
 pub struct GitRoute {
     pub client: GitClient,
     pub credentials: super::credentials::Credentials,
-}
-
-/// Records and answers a refusal in HTTP terms (before the request is known to be a
-/// git request, or for failures after the decision).
-fn finish(
-    rec: &mut AccessRecord,
-    reason: DenyReason,
-    status: Option<StatusCode>,
-    hint: &str,
-    entry: Entry,
-) -> Response<ProxyBody> {
-    let mut refusal = Refusal::new(reason, hint);
-    refusal.status = status;
-    door::refuse(rec, refusal, entry)
 }
 
 pub async fn handle(
