@@ -313,6 +313,9 @@ mod tests {
         assert_eq!(v.verify(&v.mint("k1", &c).unwrap(), "sbx-1", t0), Err(TokenError::Revoked));
         let future = v.mint("k1", &claims("sbx-1", t0 + 600, t0 + 900)).unwrap();
         assert_eq!(v.verify(&future, "sbx-1", t0), Err(TokenError::NotYetValid));
+        // A subject that reads as a label (peer rules match ids and labels) is refused.
+        let label_like = v.mint("k1", &claims("team-a/runner", t0, t0 + 60)).unwrap();
+        assert!(matches!(v.verify(&label_like, "team-a/runner", t0), Err(TokenError::Claims(_))));
     }
 
     #[test]

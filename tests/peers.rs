@@ -250,7 +250,14 @@ fn a_peer_that_moves_is_followed_and_its_old_address_is_not() {
     )
     .unwrap();
     assert_eq!(support::raw::status(&support::raw::read_head(&mut tunnel)), 200);
+    // Three forwarded requests and the tunnel: the origin's accept loop records the
+    // tunnel's connection on its own time.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while old.seen.lock().unwrap().len() < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let before = old.seen.lock().unwrap().len();
+    assert_eq!(before, 4, "three requests and one tunnel reached the peer");
 
     // db moves to 127.0.0.4; 127.0.0.3 may now be anyone's.
     std::fs::write(gw.dir.path().join("policy/test.toml"), policy_at("\"sbx-runner\"", "127.0.0.4")).unwrap();
