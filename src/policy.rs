@@ -394,6 +394,9 @@ pub struct PolicySet {
     pub claims: claims::Claims,
     /// Sandboxes reach each other as `ID.SUFFIX` (`egress.peer_suffix`).
     pub peer_suffix: String,
+    /// Lowercase id -> id, for ids written with capitals (peer names are lowercase;
+    /// ids are unique regardless of case).
+    pub ids_by_lowercase: HashMap<String, String>,
 }
 
 impl PolicySet {
@@ -435,7 +438,7 @@ impl PolicySet {
     /// The sandbox a peer name's id means: ids are unique regardless of case (a load
     /// error otherwise), and names are lowercase.
     fn peer(&self, id: &str) -> Option<&Sandbox> {
-        self.sandboxes.get(id).or_else(|| self.sandboxes.values().find(|s| s.id.eq_ignore_ascii_case(id)))
+        self.sandboxes.get(id).or_else(|| self.sandboxes.get(self.ids_by_lowercase.get(id)?))
     }
 
     /// The one address sandbox `id` can be reached at: its single-host `addresses`

@@ -263,7 +263,8 @@ fn compile(
             ),
         )
     })?;
-    Ok(PolicySet { policies, sandboxes, claims, peer_suffix: String::new() })
+    let ids_by_lowercase = seen_lower.into_iter().filter(|(lower, id)| lower != id).collect();
+    Ok(PolicySet { policies, sandboxes, claims, peer_suffix: String::new(), ids_by_lowercase })
 }
 
 fn valid_name(s: &str) -> bool {
@@ -317,6 +318,23 @@ mod tests {
         let sbx = set.sandbox("sbx-1").unwrap();
         assert_eq!(sbx.policy.name(), "python");
         assert_eq!(sbx.policy.rules()[0].location, "p.toml:2");
+    }
+
+    #[test]
+    fn peers_are_found_by_lowercase_name_and_carry_their_one_address() {
+        let mut set = load(&format!(
+            "[policies.db]\nallow = []\naccept_from = [\"runner\"]\n[policies.runner]\nallow = []\npeers = [\"*\"]\n\
+             [[sandboxes]]\nid = \"Sbx-DB\"\ntoken_sha256 = \"{HASH}\"\npolicy = \"db\"\naddresses = [\"10.1.2.3\"]\n\
+             [[sandboxes]]\nid = \"runner\"\ntoken_sha256 = \"{HASH}\"\npolicy = \"runner\"\n"
+        ))
+        .unwrap();
+        set.peer_suffix = "sandboxes.internal".into();
+        let target = crate::addr::parse_authority("sbx-db.sandboxes.internal:5432", None).unwrap();
+        let subject = set.subject_for("runner", &target);
+        let crate::policy::Subject::Peer { sandbox, accepted, address, .. } = &subject else { panic!("{subject:?}") };
+        assert_eq!((sandbox.as_str(), *accepted, *address), ("sbx-db", true, Some("10.1.2.3".parse().unwrap())));
+        let runner = set.sandbox("runner").unwrap();
+        assert!(crate::policy::decide(&runner.policy, &subject, None).permits());
     }
 
     #[test]
