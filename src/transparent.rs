@@ -53,6 +53,18 @@ impl std::fmt::Display for ReadError {
     }
 }
 
+/// Reads what the client sent next onto `buf`, by `deadline`; the client closing
+/// first is an error (it has not named a host yet).
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, deadline: tokio::time::Instant) -> Result<(), ReadError> {
+    use tokio::io::AsyncReadExt;
+    match tokio::time::timeout_at(deadline, stream.read_buf(buf)).await {
+        Err(_) => Err(ReadError::Timeout),
+        Ok(Err(e)) => Err(ReadError::Io(e.to_string())),
+        Ok(Ok(0)) => Err(ReadError::Closed),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
 /// Serves one transparent connection to its end.
 pub async fn serve(mut stream: TcpStream, conn: ConnInfo, door: &Door, cfg: &TransparentConfig, listener: Listener) {
     let state = door.store.snapshot();

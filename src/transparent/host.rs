@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::ReadError;
@@ -19,12 +18,7 @@ pub async fn read(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut buf: Vec<u8> = Vec::with_capacity(1024);
     loop {
-        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
-            Err(_) => return Err(ReadError::Timeout),
-            Ok(Err(e)) => return Err(ReadError::Io(e.to_string())),
-            Ok(Ok(0)) => return Err(ReadError::Closed),
-            Ok(Ok(_)) => {}
-        }
+        super::read_more(stream, &mut buf, deadline).await?;
         let mut headers = vec![httparse::EMPTY_HEADER; max_headers];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {

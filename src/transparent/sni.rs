@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::ReadError;
@@ -20,12 +19,7 @@ pub async fn read(stream: &mut TcpStream, timeout: Duration) -> Result<(Option<S
     let mut buf: Vec<u8> = Vec::with_capacity(2048);
     let mut fed = 0;
     loop {
-        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
-            Err(_) => return Err(ReadError::Timeout),
-            Ok(Err(e)) => return Err(ReadError::Io(e.to_string())),
-            Ok(Ok(0)) => return Err(ReadError::Closed),
-            Ok(Ok(_)) => {}
-        }
+        super::read_more(stream, &mut buf, deadline).await?;
         if buf.len() > MAX_HELLO {
             return Err(ReadError::TooLarge);
         }
