@@ -1,7 +1,9 @@
 //! One access-log record per request or tunnel. Field names are a stable interface:
 //! `ts, sandbox, kind, method, target, decision, reason, rule, policy,
 //! policy_generation, upstream_addr, status, bytes_up, bytes_down, duration_ms,
-//! client_addr, vpce`. Never a token, never a header value.
+//! client_addr, vpce, shadow_decision, budget`. Never a token, never a header value.
+
+pub mod recent;
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -31,6 +33,8 @@ pub struct AccessRecord {
     pub vpce: Option<String>,
     /// Set only when the shadow policies decide differently.
     pub shadow_decision: Option<Outcome>,
+    /// The budget or limit that refused the request, or ended its tunnel.
+    pub budget: Option<String>,
 }
 
 /// `None` for an empty string: an unparsed request has no method or target to log.
@@ -122,6 +126,7 @@ impl AccessRecord {
             bytes_down: 0,
             vpce,
             shadow_decision: None,
+            budget: None,
         }
     }
 
@@ -134,6 +139,9 @@ impl AccessRecord {
             && self.decision != Outcome::Allow
         {
             metrics::counter!(crate::metrics::PROXY_DENIALS, "reason" => reason).increment(1);
+            if let Some(sandbox) = &self.sandbox {
+                recent::remember(sandbox, self);
+            }
         }
         let duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         if !crate::telemetry::write_access_json(|w| self.write_json_fields(w, duration_ms)) {
@@ -162,6 +170,7 @@ impl AccessRecord {
             client_addr = %self.client_addr,
             vpce = self.vpce.as_deref(),
             shadow_decision = self.shadow_decision.map(Outcome::as_str),
+            budget = self.budget.as_deref(),
         );
     }
 
@@ -189,7 +198,8 @@ impl AccessRecord {
         field_u64(w, "duration_ms", duration_ms)?;
         field_display(w, "client_addr", self.client_addr)?;
         opt(w, "vpce", self.vpce.as_deref())?;
-        opt(w, "shadow_decision", self.shadow_decision.map(Outcome::as_str))
+        opt(w, "shadow_decision", self.shadow_decision.map(Outcome::as_str))?;
+        opt(w, "budget", self.budget.as_deref())
     }
 }
 

@@ -80,6 +80,9 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Respo
         (&Method::GET, "/readyz") => {
             if shared.draining.load(Ordering::Relaxed) {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
+            } else if !shared.budgets.store_healthy() {
+                // Still serving, at this instance's share of each budget.
+                reply(StatusCode::OK, "text/plain", "ready (limit store unreachable: counting locally)\n".into())
             } else {
                 reply(StatusCode::OK, "text/plain", "ready\n".into())
             }
@@ -95,8 +98,27 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Respo
                 "last_reload_error": shared.store.last_error(),
                 "draining": shared.draining.load(Ordering::Relaxed),
                 "in_flight": shared.tasks.len(),
+                "limit_store": if shared.budgets.is_shared() { "redis" } else { "local" },
+                "limit_store_healthy": shared.budgets.store_healthy(),
             });
             reply(StatusCode::OK, "application/json", body.to_string())
+        }
+        (&Method::GET, path) if path.starts_with("/v1/sandboxes/") => {
+            if !authorized(&req, peer, shared.config.admin.token.as_deref()) {
+                return reply(
+                    StatusCode::UNAUTHORIZED,
+                    "application/json",
+                    r#"{"error":"admin token required (Authorization: Bearer ...)"}"#.into(),
+                );
+            }
+            let id = &path["/v1/sandboxes/".len()..];
+            let policy = req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("policy=")));
+            match usage(shared, id, policy).await {
+                Ok(body) => reply(StatusCode::OK, "application/json", body.to_string()),
+                Err(e) => {
+                    reply(StatusCode::NOT_FOUND, "application/json", serde_json::json!({ "error": e }).to_string())
+                }
+            }
         }
         (&Method::POST, "/v1/reload") => {
             if !authorized(&req, peer, shared.config.admin.token.as_deref()) {
@@ -123,6 +145,37 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Respo
         }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
+}
+
+/// `GET /v1/sandboxes/ID[?policy=NAME]`: a sandbox's budgets, what it spent in the
+/// current windows, its open connections and its last refusals. `policy` names the
+/// policy of a sandbox known only from signed tokens.
+async fn usage(shared: &Shared, id: &str, policy: Option<&str>) -> Result<serde_json::Value, String> {
+    let st = shared.store.snapshot();
+    let policy = match (st.policies.sandbox(id), policy) {
+        (_, Some(name)) => st.policies.policies.get(name).cloned().ok_or_else(|| format!("no policy {name:?}"))?,
+        (Some(s), None) => s.policy.clone(),
+        (None, None) => {
+            return Err(format!(
+                "no sandbox {id:?} in the policy files (for a signed token's sandbox add ?policy=NAME)"
+            ));
+        }
+    };
+    let budgets = &shared.budgets;
+    let spec = policy.budget().cloned();
+    let spent = budgets.spent(id, spec.as_deref()).await;
+    let open = shared.registry.open_for(id);
+    Ok(serde_json::json!({
+        "sandbox": id,
+        "policy": policy.name(),
+        "store": if budgets.is_shared() { "shared" } else { "local" },
+        "store_healthy": budgets.store_healthy(),
+        "window_secs": spec.as_ref().map(|s| s.window.as_secs()),
+        "budgets": spent,
+        "open_connections": open.len(),
+        "open": open,
+        "recent_refusals": crate::access_log::recent::of(id),
+    }))
 }
 
 fn authorized(req: &Request<Incoming>, peer: SocketAddr, token: Option<&str>) -> bool {

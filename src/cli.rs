@@ -45,6 +45,23 @@ pub enum Command {
         #[arg(long)]
         ready: bool,
     },
+    /// Ask the running gateway's admin listener for a sandbox's budgets, what it spent
+    /// in the current windows, its open connections and its last refusals.
+    Usage {
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        sandbox: String,
+        /// The admin listener's address, if not `admin.listen`.
+        #[arg(long)]
+        admin: Option<SocketAddr>,
+        /// The policy of a sandbox known only from signed tokens.
+        #[arg(long)]
+        policy: Option<String>,
+        /// Print the admin listener's JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Sandbox token helpers.
     Token {
         #[command(subcommand)]

@@ -10,6 +10,7 @@ pub mod mint;
 pub mod replay;
 pub mod suggest;
 pub mod test_file;
+pub mod usage;
 
 use std::path::PathBuf;
 

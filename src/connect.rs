@@ -83,9 +83,11 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, door: &Door, state:
         let cancel = hold.registration().token().clone();
         match on_upgrade.await {
             Ok(upgraded) => {
-                let out = relay(upgraded, upstream, idle, &cancel).await;
+                let meter = hold.meter().map(|m| &**m);
+                let out = relay(upgraded, upstream, idle, &cancel, meter).await;
                 rec.bytes_up = out.up;
                 rec.bytes_down = out.down;
+                door::record::budget_ended(&mut rec, out.end, meter);
             }
             Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
         }
@@ -103,6 +105,7 @@ async fn relay(
     mut upstream: TcpStream,
     idle: Duration,
     cancel: &CancellationToken,
+    meter: Option<&crate::budget::Meter>,
 ) -> relay::Outcome {
     match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => {
@@ -112,9 +115,9 @@ async fn relay(
                 return relay::Outcome { up: 0, down: 0, end: relay::End::Error };
             }
             drop(parts.read_buf);
-            relay::relay_tcp(parts.io.into_inner(), upstream, early, idle, cancel).await
+            relay::relay_tcp(parts.io.into_inner(), upstream, early, idle, cancel, meter).await
         }
         // Boxed: the cold path's buffers and state stay out of every tunnel's task.
-        Err(upgraded) => Box::pin(relay::relay(TokioIo::new(upgraded), upstream, idle, cancel)).await,
+        Err(upgraded) => Box::pin(relay::relay(TokioIo::new(upgraded), upstream, idle, cancel, meter)).await,
     }
 }

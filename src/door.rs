@@ -60,6 +60,8 @@ pub struct Door {
     pub limits: limits::SandboxLimits,
     /// Per API route: the per-sandbox request budget (`sandbox_requests_per_minute`).
     pub route_budgets: HashMap<String, limits::SandboxLimits>,
+    /// Policies' egress budgets, and with a shared store the fleet-wide limits.
+    pub budgets: crate::budget::Budgets,
     /// Per client address: connections not yet authenticated, failed authentications.
     pub admission: Arc<admission::Admission>,
 }

@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
+use crate::budget::Dir;
 use crate::dial::{self, UpstreamAddr, VettingConnector};
 use crate::door::bodies::{Counting, LoggedBody};
 use crate::door::headers::{is_upgrade, strip_hop_by_hop};
@@ -134,9 +135,11 @@ pub async fn handle(
             let (_slot, _active) = (slot, active);
             let cancel = hold.registration().token().clone();
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
-                let out = crate::relay::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel).await;
+                let meter = hold.meter().map(|m| &**m);
+                let out = crate::relay::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel, meter).await;
                 rec.bytes_up = out.up;
                 rec.bytes_down = out.down;
+                crate::door::record::budget_ended(&mut rec, out.end, meter);
             }
             rec.emit();
         });
@@ -147,7 +150,7 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    let body = Revocable::new(body, hold.clone());
+    let body = Revocable::new(body, hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }
@@ -169,6 +172,6 @@ fn upstream_request(
     let host = HeaderValue::from_str(&host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));
-    let body = Counting::new(Revocable::new(body, hold), counter.clone());
+    let body = Counting::new(Revocable::new(body, hold, Dir::Up), counter.clone());
     Ok((Request::from_parts(parts, body), counter))
 }

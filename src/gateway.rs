@@ -86,16 +86,26 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         None => None,
     };
     let (git, routes) = upstream_routes(&config, &resolver)?;
+    // With a shared store the per-second and per-route limits are counted there.
+    let shared_store = matches!(config.limits.store, crate::config::LimitStore::Redis { .. });
     let limits = crate::door::limits::SandboxLimits::new(
         config.proxy.sandbox_max_concurrent,
-        config.proxy.sandbox_max_per_second,
+        if shared_store { 0 } else { config.proxy.sandbox_max_per_second },
     );
+    let (route_budgets, budgets) = if shared_store {
+        let fleet = crate::budget::FleetLimits {
+            per_second: config.proxy.sandbox_max_per_second,
+            routes: config.routes.iter().map(|r| (r.name.clone(), r.sandbox_requests_per_minute)).collect(),
+        };
+        (Default::default(), crate::budget::Budgets::shared(config.limits.deny_on_store_error, fleet))
+    } else {
+        (crate::routes::budgets(&config.routes), crate::budget::Budgets::local())
+    };
     let admission = Arc::new(crate::door::admission::Admission::with_sandbox_cap(
         config.proxy.max_unauthenticated_per_client,
         config.proxy.auth_failures_per_second,
         config.proxy.sandbox_max_connections,
     ));
-    let route_budgets = crate::routes::budgets(&config.routes);
     let door = Door {
         store: Store::new(loaded),
         config,
@@ -105,6 +115,7 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         registry: Default::default(),
         limits,
         route_budgets,
+        budgets,
         admission,
     };
     let shared = Arc::new(Shared {
@@ -142,6 +153,8 @@ pub enum GatewayError {
     Resolver(std::io::Error),
     #[error("cannot start the proxy threads: {0}")]
     Threads(std::io::Error),
+    #[error("limits.store: {0}")]
+    LimitStore(String),
 }
 
 /// How the gateway is told to stop. `drain` starts the drain (readiness off, accept for
@@ -161,6 +174,8 @@ pub struct Gateway {
     dns: Option<DnsServer>,
     /// `[transparent]` listeners.
     transparent: Vec<(TcpListener, crate::transparent::Listener)>,
+    /// `limits.store` when it is Redis.
+    limit_store: Option<crate::budget::store::Store>,
 }
 
 impl Gateway {
@@ -192,7 +207,14 @@ impl Gateway {
                 transparent.push((bind("transparent http", a).await?, crate::transparent::Listener::Http));
             }
         }
-        Ok(Gateway { shared, proxy, admin, dns, transparent })
+        let limit_store = match &config.limits.store {
+            crate::config::LimitStore::Redis { url, password } => Some(
+                crate::budget::store::Store::new(url, password.as_ref())
+                    .map_err(|e| GatewayError::LimitStore(e.to_string()))?,
+            ),
+            crate::config::LimitStore::Local => None,
+        };
+        Ok(Gateway { shared, proxy, admin, dns, transparent, limit_store })
     }
 
     /// The transparent listeners' addresses, HTTPS then HTTP, where configured.
@@ -223,7 +245,7 @@ impl Gateway {
         let dns_addr = self.dns_addr().map(|a| a.to_string());
         let transparent_https = self.transparent_addr(crate::transparent::Listener::Https).map(|a| a.to_string());
         let transparent_http = self.transparent_addr(crate::transparent::Listener::Http).map(|a| a.to_string());
-        let Gateway { shared, proxy, admin, dns, transparent } = self;
+        let Gateway { shared, proxy, admin, dns, transparent, limit_store } = self;
         let st = shared.store.snapshot();
         tracing::info!(
             proxy = %proxy_addr,
@@ -256,6 +278,15 @@ impl Gateway {
         // Not stopped with accepting: connections being drained still end at expiry.
         let expiry = tokio::spawn(end_expired_connections(shared.clone()));
         let dns_task = dns.map(|d| tokio::spawn(d.run(stop_accepting.clone())));
+        // Runs until the very end: drained tunnels still spend.
+        let store_stop = CancellationToken::new();
+        if let Some(store) = limit_store {
+            let store = Arc::new(store);
+            shared.budgets.set_store(store.clone());
+            let interval = shared.config.limits.sync_interval;
+            tokio::spawn(crate::budget::store::run(shared.budgets.clone(), store, interval, store_stop.clone()));
+        }
+        let _store_stop = store_stop.drop_guard();
 
         shutdown.drain.cancelled().await;
         shared.draining.store(true, Ordering::Relaxed);

@@ -4,6 +4,7 @@ pub mod access_log;
 pub mod addr;
 pub mod admin;
 pub mod auth;
+pub mod budget;
 pub mod cli;
 pub mod commands;
 pub mod config;

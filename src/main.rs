@@ -30,6 +30,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve { config, listen } => serve(config, listen),
         Command::Check(args) => report(|out| commands::check::run(&args, out)),
         Command::Health { config, ready } => report(|out| commands::health::run(config.as_ref(), ready, out)),
+        Command::Usage { config, sandbox, admin, policy, json } => report(|out| {
+            let args = commands::usage::Args {
+                config: config.as_ref(),
+                sandbox: &sandbox,
+                admin,
+                policy: policy.as_deref(),
+                json,
+            };
+            commands::usage::run(&args, out)
+        }),
         Command::Policy { command } => report(|out| match &command {
             PolicyCommand::Test { config, files } => commands::test_file::run(config.as_ref(), files, out),
             PolicyCommand::Lint { config, deny_warnings } => commands::lint::run(config.as_ref(), *deny_warnings, out),

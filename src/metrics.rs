@@ -37,6 +37,10 @@ pub const POLICY_GENERATION: &str = "egress_policy_generation";
 pub const POLICY_SHADOW_DISAGREEMENTS: &str = "egress_policy_shadow_disagreements_total";
 /// `result` = answered|nodata|blocked|refused|formerr|notimp|rate_limited,
 /// `transport` = udp|tcp.
+/// Refusals and closed tunnels by the kind of budget spent (`requests`, `upload_bytes`...).
+pub const BUDGET_EXHAUSTED: &str = "egress_budget_exhausted_total";
+/// 1 while the shared limit store answers (or there is none), 0 while it does not.
+pub const LIMIT_STORE_UP: &str = "egress_limit_store_up";
 pub const DNS_QUERIES: &str = "egress_dns_queries_total";
 /// `transport` = udp|tcp.
 pub const DNS_DURATION: &str = "egress_dns_query_duration_seconds";
@@ -141,6 +145,8 @@ pub fn record_request(kind: Kind, decision: Outcome, bytes_up: u64, bytes_down: 
 fn describe() {
     describe_counter!(PROXY_REQUESTS, Unit::Count, "Proxy requests and tunnels, by kind and decision");
     describe_counter!(PROXY_DENIALS, Unit::Count, "Denied proxy requests, by reason");
+    describe_counter!(BUDGET_EXHAUSTED, Unit::Count, "Requests refused and tunnels closed by a spent budget, by kind");
+    describe_gauge!(LIMIT_STORE_UP, Unit::Count, "1 while the shared limit store answers (or none is set), else 0");
     describe_counter!(PROXY_BYTES, Unit::Bytes, "Bytes relayed, by kind and direction");
     describe_histogram!(PROXY_DURATION, Unit::Seconds, "Lifetime of a proxy request or tunnel");
     describe_gauge!(

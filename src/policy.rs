@@ -4,6 +4,7 @@
 //! the revocation sweep, the fuzzers and the benches all decide with [`decide`] (host
 //! decisions, the hot path, with [`Policy::decide`]).
 
+pub mod budget;
 pub mod claims;
 pub mod decision;
 pub mod explain;
@@ -60,6 +61,7 @@ pub struct Policy {
     allow_all: Option<usize>,
     peers: Vec<peers::PeerPattern>,
     accept_from: Vec<peers::PeerPattern>,
+    budget: Option<Arc<budget::BudgetSpec>>,
 }
 
 /// Decides `subject` under `policy`: the one decision every path takes. `narrow` is a
@@ -100,12 +102,18 @@ impl Policy {
                 allow_all: None,
                 peers: Vec::new(),
                 accept_from: Vec::new(),
+                budget: None,
             },
         }
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The policy's egress budget, if it has one.
+    pub fn budget(&self) -> Option<&Arc<budget::BudgetSpec>> {
+        self.budget.as_ref()
     }
 
     pub fn mode(&self) -> Mode {
@@ -275,6 +283,10 @@ pub struct PolicyBuilder {
 }
 
 impl PolicyBuilder {
+    pub fn budget(&mut self, spec: budget::BudgetSpec) {
+        self.policy.budget = Some(Arc::new(spec));
+    }
+
     /// Adds one `git.repos` (`OWNER/REPO` glob) or `git.push` (ref glob) rule.
     pub fn add_git(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), GitRuleError> {
         let idx = self.policy.rules.len();

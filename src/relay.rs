@@ -11,6 +11,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::{Dir, Flow, Meter};
+
 pub mod zero_copy;
 
 const BUF_SIZE: usize = 16 * 1024;
@@ -25,6 +27,8 @@ pub enum End {
     Error,
     /// The gateway is shutting down.
     Shutdown,
+    /// A byte budget the tunnel counts against is spent.
+    Budget,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -37,21 +41,27 @@ pub struct Outcome {
 }
 
 /// Bytes and the time of the last one, shared by both directions and the watchdog.
-struct Activity {
+struct Activity<'m> {
     start: Instant,
     last_ms: AtomicU64,
     up: AtomicU64,
     down: AtomicU64,
+    meter: Option<&'m Meter>,
 }
 
-impl Activity {
-    fn new() -> Activity {
-        Activity { start: Instant::now(), last_ms: AtomicU64::new(0), up: AtomicU64::new(0), down: AtomicU64::new(0) }
+impl<'m> Activity<'m> {
+    fn new(meter: Option<&'m Meter>) -> Activity<'m> {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            meter,
+        }
     }
 
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::Relaxed);
+    fn gate(&'m self, dir: Dir) -> Gate<'m> {
+        Gate { activity: self, dir }
     }
 
     /// Runs `copy_both` until it ends, the tunnel idles for `idle`, or `cancel` fires.
@@ -70,12 +80,65 @@ impl Activity {
                 tokio::time::sleep_until(deadline).await;
             }
         };
+        let spent = async {
+            match self.meter {
+                Some(m) => m.exhausted().cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
         let end = tokio::select! {
             e = copy_both => e,
             e = watchdog => e,
             _ = cancel.cancelled() => End::Shutdown,
+            _ = spent => End::Budget,
+        };
+        let end = match self.meter {
+            Some(m) => {
+                m.finish();
+                if m.exhausted().is_cancelled() { End::Budget } else { end }
+            }
+            None => end,
         };
         Outcome { up: self.up.load(Ordering::Relaxed), down: self.down.load(Ordering::Relaxed), end }
+    }
+}
+
+/// One direction's view of the tunnel: its byte count, the idle clock and its budgets.
+struct Gate<'a> {
+    activity: &'a Activity<'a>,
+    dir: Dir,
+}
+
+impl Gate<'_> {
+    /// `n` bytes moved: counted, the tunnel is not idle, and they count against its
+    /// budgets. A direction checks the answer after every chunk: a busy direction may
+    /// not yield to the supervisor for many chunks.
+    fn moved(&self, n: usize) -> Flow {
+        let a = self.activity;
+        let count = if self.dir == Dir::Up { &a.up } else { &a.down };
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        let now = u64::try_from(a.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        a.last_ms.store(now, Ordering::Relaxed);
+        a.meter.map_or(Flow::Go, |m| m.add(self.dir, n as u64))
+    }
+
+    /// After [`Flow::Wait`]: true once more may move, false when a budget is spent.
+    async fn room(&self) -> bool {
+        match self.activity.meter {
+            Some(m) => m.room(self.dir).await,
+            None => true,
+        }
+    }
+}
+
+impl zero_copy::Gate for Gate<'_> {
+    /// Whether a chunk's answer lets the direction go on (waiting if it must).
+    async fn go_on(&self, n: usize) -> bool {
+        match self.moved(n) {
+            Flow::Go => true,
+            Flow::Wait => self.room().await,
+            Flow::Stop => false,
+        }
     }
 }
 
@@ -86,18 +149,24 @@ fn end_of(a: std::io::Result<()>, b: std::io::Result<()>) -> End {
 /// Relays between two TCP sockets (the CONNECT case): readiness-driven, zero-copy on
 /// Linux, and holding no buffer while idle. `up_already` bytes were sent upstream
 /// before the relay started (request bytes the client pipelined after CONNECT).
+/// `meter` counts the bytes against the tunnel's budgets.
 pub async fn relay_tcp(
     client: TcpStream,
     upstream: TcpStream,
     up_already: u64,
     idle: Duration,
     cancel: &CancellationToken,
+    meter: Option<&Meter>,
 ) -> Outcome {
-    let activity = Activity::new();
+    let activity = Activity::new(meter);
     activity.up.store(up_already, Ordering::Relaxed);
+    if let Some(m) = meter {
+        m.add(Dir::Up, up_already);
+    }
     let copy_both = async {
-        let a = zero_copy::one_way(&client, &upstream, &activity.up, || activity.touch());
-        let b = zero_copy::one_way(&upstream, &client, &activity.down, || activity.touch());
+        let (up, down) = (activity.gate(Dir::Up), activity.gate(Dir::Down));
+        let a = zero_copy::one_way(&client, &upstream, &up);
+        let b = zero_copy::one_way(&upstream, &client, &down);
         let (ra, rb) = tokio::join!(a, b);
         end_of(ra, rb)
     };
@@ -106,24 +175,31 @@ pub async fn relay_tcp(
 
 /// Relays between any two byte streams (TLS client legs, upgraded HTTP connections)
 /// with one fixed buffer per direction.
-pub async fn relay<C, U>(client: C, upstream: U, idle: Duration, cancel: &CancellationToken) -> Outcome
+pub async fn relay<C, U>(
+    client: C,
+    upstream: U,
+    idle: Duration,
+    cancel: &CancellationToken,
+    meter: Option<&Meter>,
+) -> Outcome
 where
     C: AsyncRead + AsyncWrite,
     U: AsyncRead + AsyncWrite,
 {
-    let activity = Activity::new();
+    let activity = Activity::new(meter);
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = tokio::io::split(upstream);
     let copy_both = async {
-        let a = one_way(&mut cr, &mut uw, &activity.up, || activity.touch());
-        let b = one_way(&mut ur, &mut cw, &activity.down, || activity.touch());
+        let (up, down) = (activity.gate(Dir::Up), activity.gate(Dir::Down));
+        let a = one_way(&mut cr, &mut uw, &up);
+        let b = one_way(&mut ur, &mut cw, &down);
         let (ra, rb) = tokio::join!(a, b);
         end_of(ra, rb)
     };
     activity.supervise(copy_both, idle, cancel).await
 }
 
-async fn one_way<R, W>(r: &mut R, w: &mut W, count: &AtomicU64, on_bytes: impl Fn()) -> std::io::Result<()>
+async fn one_way<R, W>(r: &mut R, w: &mut W, gate: &Gate<'_>) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -137,8 +213,9 @@ where
             return Ok(());
         }
         w.write_all(&buf[..n]).await?;
-        count.fetch_add(n as u64, Ordering::Relaxed);
-        on_bytes();
+        if !zero_copy::Gate::go_on(gate, n).await {
+            return Err(zero_copy::spent());
+        }
     }
 }
 
@@ -151,7 +228,7 @@ mod tests {
         let (client, mut client_peer) = tokio::io::duplex(1024);
         let (upstream, mut upstream_peer) = tokio::io::duplex(1024);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(async move { relay(client, upstream, Duration::from_secs(5), &cancel).await });
+        let task = tokio::spawn(async move { relay(client, upstream, Duration::from_secs(5), &cancel, None).await });
         client_peer.write_all(b"hello").await.unwrap();
         let mut got = [0u8; 5];
         upstream_peer.read_exact(&mut got).await.unwrap();
@@ -169,7 +246,7 @@ mod tests {
     async fn idle_tunnels_end() {
         let (client, _cp) = tokio::io::duplex(64);
         let (upstream, _up) = tokio::io::duplex(64);
-        let out = relay(client, upstream, Duration::from_secs(30), &CancellationToken::new()).await;
+        let out = relay(client, upstream, Duration::from_secs(30), &CancellationToken::new(), None).await;
         assert_eq!(out.end, End::Idle);
     }
 }

@@ -18,6 +18,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::budget::Dir;
 use crate::config::RouteConfig;
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody};
@@ -124,7 +125,8 @@ pub async fn handle(
     let (parts, body) = req.into_parts();
     let bytes_up = Arc::new(AtomicU64::new(0));
     let idle = door.config.proxy.tunnel_idle_timeout;
-    let body = Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone()).boxed_unsync();
+    let body = Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)
+        .boxed_unsync();
     let uri = format!("{}{}", route.upstream.to_string().trim_end_matches('/'), upstream_path);
     let mut up = Request::builder().method(parts.method.clone()).uri(uri);
     if let Some(h) = up.headers_mut() {
@@ -182,7 +184,8 @@ pub async fn handle(
     // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
     // through as is, with its Location redacted like everything else.
     redact::headers(&mut parts.headers, secret.expose());
-    let body = redact::RedactBody::new(Revocable::new(IdleBody::new(body, idle), hold.clone()), secret.expose());
+    let body =
+        redact::RedactBody::new(Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down), secret.expose());
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }

@@ -156,9 +156,11 @@ pub async fn serve(mut stream: TcpStream, conn: ConnInfo, door: &Door, cfg: &Tra
     }
     let _active = crate::metrics::ActiveGuard::tunnel();
     let cancel = hold.registration().token().clone();
-    let out = relay::relay_tcp(stream, upstream, early.len() as u64, proxy.tunnel_idle_timeout, &cancel).await;
+    let meter = hold.meter().map(|m| &**m);
+    let out = relay::relay_tcp(stream, upstream, early.len() as u64, proxy.tunnel_idle_timeout, &cancel, meter).await;
     rec.bytes_up = out.up;
     rec.bytes_down = out.down;
+    crate::door::record::budget_ended(&mut rec, out.end, meter);
     rec.emit();
 }
 
@@ -173,7 +175,8 @@ fn read_refusal(e: &ReadError) -> Refusal {
 /// Records a refusal and tells the client in its own protocol: a TLS alert (the
 /// reason is in the access log), or an HTTP denial like the proxy's.
 async fn refuse(stream: &mut TcpStream, rec: &mut AccessRecord, listener: Listener, refusal: Refusal) {
-    let Refusal { reason, hint, rule, status: _ } = refusal;
+    let Refusal { reason, hint, rule, status: _, budget } = refusal;
+    rec.budget = budget.map(|(name, _)| name);
     // No proxy authentication exists here: an unidentified client is forbidden.
     let status = match respond::status_for(reason) {
         http::StatusCode::PROXY_AUTHENTICATION_REQUIRED => http::StatusCode::FORBIDDEN,

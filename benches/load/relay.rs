@@ -8,7 +8,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
 
 use egress_gateway::relay::zero_copy::one_way;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -66,7 +65,6 @@ async fn tunnel(mut client: TcpStream) -> io::Result<()> {
         upstream.write_all(&buf[end..n]).await?;
         upstream
     };
-    let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
-    let _ = tokio::join!(one_way(&client, &upstream, &up, || ()), one_way(&upstream, &client, &down, || ()));
+    let _ = tokio::join!(one_way(&client, &upstream, &()), one_way(&upstream, &client, &()));
     Ok(())
 }

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use toml::Spanned;
 
 use super::error::{ConfigError, DisplayPath};
-use super::raw::{RawPolicyFile, RawSandbox};
+use super::raw::{RawBudget, RawPolicyFile, RawSandbox, RawSize};
 use super::validate::{Config, PolicySource, RouteConfig};
+use crate::policy::budget::{self, BudgetSpec};
 use crate::policy::claims::{Claim, Claims};
 use crate::policy::{Mode, Policy, PolicySet, RuleList, Sandbox};
 
@@ -81,6 +82,52 @@ pub fn load_shadow(config: &Config) -> Result<Option<PolicySet>, ConfigError> {
     let mut set = compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports, &config.routes)?;
     set.peer_suffix = config.egress.peer_suffix.clone();
     Ok(Some(set))
+}
+
+/// A `[policies.NAME.budget]` table; an error names the key under `budget`.
+fn compile_budget(raw: &RawBudget) -> Result<BudgetSpec, (String, String)> {
+    let window = match &raw.window {
+        None => std::time::Duration::from_secs(3600),
+        Some(w) => humantime::parse_duration(w)
+            .ok()
+            .filter(|d| d.as_secs() >= 1 && d.subsec_nanos() == 0 && d.as_secs() <= 31 * 86_400)
+            .ok_or_else(|| {
+                ("window".to_string(), format!("expected whole seconds from 1s to 31d, such as \"1h\", got {w:?}"))
+            })?,
+    };
+    let size = |key: String, v: &Option<RawSize>| -> Result<Option<u64>, (String, String)> {
+        match v {
+            None => Ok(None),
+            Some(RawSize::Bytes(n)) => Ok(Some(*n)),
+            Some(RawSize::Text(t)) => budget::parse_size(t).map(Some).map_err(|e| (key, e)),
+        }
+    };
+    let limits = |prefix: &str, up: &Option<RawSize>, down: &Option<RawSize>, requests: Option<u64>| {
+        Ok::<_, (String, String)>(budget::Limits {
+            upload_bytes: size(format!("{prefix}upload_bytes"), up)?,
+            download_bytes: size(format!("{prefix}download_bytes"), down)?,
+            requests,
+        })
+    };
+    if raw.hosts.len() > budget::MAX_HOST_OVERRIDES {
+        return Err(("hosts".into(), format!("expected at most {} host overrides", budget::MAX_HOST_OVERRIDES)));
+    }
+    let mut hosts = Vec::with_capacity(raw.hosts.len());
+    for (i, h) in raw.hosts.iter().enumerate() {
+        budget::check_host_pattern(&h.host).map_err(|e| (format!("hosts[{i}].host"), e))?;
+        let prefix = format!("hosts[{i}].");
+        let host = h.host.trim_end_matches('.').to_ascii_lowercase();
+        hosts.push(budget::HostBudget {
+            host,
+            limits: limits(&prefix, &h.upload_bytes, &h.download_bytes, h.requests)?,
+        });
+    }
+    Ok(BudgetSpec {
+        window,
+        limits: limits("", &raw.upload_bytes, &raw.download_bytes, raw.requests)?,
+        new_hosts: raw.new_hosts,
+        hosts,
+    })
 }
 
 /// The `*.toml` files of `dir`, sorted by name so that load order is stable.
@@ -171,6 +218,12 @@ fn compile(
                         ConfigError::invalid(&src.file, format!("policies.{name}.{}[{i}] (line {line})", list.key()), e)
                     })?;
                 }
+            }
+            if let Some(budget) = &def.budget {
+                let line = src.line_of(budget.span().start);
+                b.budget(compile_budget(budget.get_ref()).map_err(|(k, e)| {
+                    ConfigError::invalid(&src.file, format!("policies.{name}.budget.{k} (line {line})"), e)
+                })?);
             }
             b.require_vpce(def.vpce.clone());
             for (i, listed) in def.routes.iter().enumerate() {

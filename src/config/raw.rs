@@ -27,6 +27,33 @@ pub struct RawConfig {
     pub dns: Option<RawDns>,
     /// Absent: no transparent listeners.
     pub transparent: Option<RawTransparent>,
+    pub limits: RawLimits,
+}
+
+/// `[limits]`: where per-sandbox limits and budgets are counted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLimits {
+    /// `"local"` or `"redis://HOST:PORT/DB"` (`rediss://` for TLS).
+    pub store: String,
+    /// `"local"` or `"deny"`.
+    pub on_store_error: String,
+    #[serde(deserialize_with = "absent_if_empty")]
+    pub redis_password_file: Option<PathBuf>,
+    /// How often each instance settles its counts with the store.
+    #[serde(with = "humantime_serde")]
+    pub sync_interval: Duration,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        RawLimits {
+            store: "local".into(),
+            on_store_error: "local".into(),
+            redis_password_file: None,
+            sync_interval: Duration::from_millis(250),
+        }
+    }
 }
 
 /// `[transparent]`: listeners for clients that ignore `HTTP_PROXY`.
@@ -426,6 +453,42 @@ pub struct RawPolicy {
     pub peers: Vec<Spanned<String>>,
     /// Other sandboxes (id or label globs) the policy's sandboxes accept.
     pub accept_from: Vec<Spanned<String>>,
+    /// Bytes, requests and new hosts per window.
+    pub budget: Option<Spanned<RawBudget>>,
+}
+
+/// `[policies.NAME.budget]`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawBudget {
+    /// `"1h"` when absent.
+    pub window: Option<String>,
+    pub upload_bytes: Option<RawSize>,
+    pub download_bytes: Option<RawSize>,
+    pub requests: Option<u64>,
+    pub new_hosts: Option<u64>,
+    pub hosts: Vec<RawHostBudget>,
+}
+
+/// `[[policies.NAME.budget.hosts]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHostBudget {
+    pub host: String,
+    #[serde(default)]
+    pub upload_bytes: Option<RawSize>,
+    #[serde(default)]
+    pub download_bytes: Option<RawSize>,
+    #[serde(default)]
+    pub requests: Option<u64>,
+}
+
+/// A size as written: bytes, or a string with a unit (`"100MiB"`).
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum RawSize {
+    Bytes(u64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize, Default)]

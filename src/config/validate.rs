@@ -13,6 +13,7 @@ const MAX_PROXY_THREADS: usize = 256;
 mod admin;
 mod dns;
 mod github;
+mod limits;
 mod routes;
 mod tokens;
 mod transparent;
@@ -20,6 +21,7 @@ mod transparent;
 pub use admin::AdminConfig;
 pub use dns::{BlockMode, DnsAnswer, DnsConfig, RateLimitAction};
 pub use github::GithubConfig;
+pub use limits::{LimitStore, LimitsConfig};
 pub use routes::RouteConfig;
 pub use tokens::{KeyAlg, KeySource, TokensConfig};
 pub use transparent::TransparentConfig;
@@ -46,6 +48,7 @@ pub struct Config {
     pub tokens: TokensConfig,
     pub github: GithubConfig,
     pub routes: Vec<RouteConfig>,
+    pub limits: LimitsConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -349,6 +352,7 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let github = github::validate_github(raw.github, file, base_dir)?;
     let routes = routes::validate_routes(raw.routes, file, base_dir)?;
     let transparent = raw.transparent.map(|t| transparent::validate_transparent(t, file)).transpose()?;
+    let limits = limits::validate_limits(raw.limits, file, base_dir)?;
     Ok(Config {
         file: file.clone(),
         proxy,
@@ -363,6 +367,7 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         tokens,
         github,
         routes,
+        limits,
     })
 }
 

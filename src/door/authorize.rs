@@ -78,7 +78,7 @@ pub fn authorize_as(
         && !decision.permits()
     {
         let hint = policy::hint(&identity.policy, reason, &subject, &decision);
-        return Err(Refusal { reason, hint, rule: decision.rule().map(|r| r.logged()), status: None });
+        return Err(Refusal { reason, hint, rule: decision.rule().map(|r| r.logged()), status: None, budget: None });
     }
 
     if let Subject::Route { route, .. } = &subject
@@ -90,6 +90,14 @@ pub fn authorize_as(
     let permit = match door.limits.acquire(&identity.sandbox) {
         Ok(p) => p,
         Err(e) => return Err(Refusal::new(DenyReason::LimitExceeded, e.to_string())),
+    };
+    let ip_host = match &subject {
+        Subject::Host(t) if t.host.as_name().is_none() => Some(t.host.to_string()),
+        _ => None,
+    };
+    let meter = match door.budgets.admit(budget_ask(&identity, &subject, ip_host.as_deref())) {
+        Ok(m) => m,
+        Err(spent) => return Err(Refusal::budget(spent)),
     };
     if !conn.authorized(&identity.sandbox) {
         return Err(Refusal::new(DenyReason::LimitExceeded, SANDBOX_CONNECTIONS_HINT));
@@ -104,7 +112,19 @@ pub fn authorize_as(
     if now.generation != state.generation && !door.registry.recheck(&registration, &now) {
         return Err(Refusal::new(DenyReason::AuthInvalid, super::registry::ENDED_HINT));
     }
-    Ok(Authorized { identity, hold: Hold::new(registration, permit) })
+    Ok(Authorized { identity, hold: Hold::new(registration, permit, meter) })
+}
+
+/// What a request asks of its sandbox's budgets: the host it contacts (a peer by its
+/// name), or the route it uses.
+fn budget_ask<'a>(identity: &'a Identity, subject: &'a Subject, ip: Option<&'a str>) -> crate::budget::Ask<'a> {
+    let (host, route) = match subject {
+        Subject::Host(t) => (t.host.as_name().or(ip), None),
+        Subject::Peer { sandbox, .. } => (Some(sandbox.as_str()), None),
+        Subject::Route { route, .. } => (None, Some(route.as_str())),
+        Subject::Git { .. } => (None, None),
+    };
+    crate::budget::Ask { sandbox: &identity.sandbox, spec: identity.policy.budget(), host, route }
 }
 
 /// Fills the decision fields of a record; logs a report-mode `would_deny`.

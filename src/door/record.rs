@@ -20,11 +20,24 @@ pub struct Refusal {
     pub rule: Option<String>,
     /// A status other than the reason's own (`403` for a refused route method, say).
     pub status: Option<StatusCode>,
+    /// The budget or limit spent, and the seconds until it has room (`Retry-After`).
+    pub budget: Option<(String, u64)>,
 }
 
 impl Refusal {
     pub fn new(reason: DenyReason, hint: impl Into<String>) -> Refusal {
-        Refusal { reason, hint: Some(hint.into()), rule: None, status: None }
+        Refusal { reason, hint: Some(hint.into()), rule: None, status: None, budget: None }
+    }
+
+    /// `429 limit_exceeded` for a spent budget, with its name and `Retry-After`.
+    pub fn budget(spent: crate::budget::Exhausted) -> Refusal {
+        Refusal {
+            reason: DenyReason::LimitExceeded,
+            hint: Some(spent.hint),
+            rule: None,
+            status: None,
+            budget: Some((spent.budget, spent.retry_after)),
+        }
     }
 
     pub fn with_status(mut self, status: StatusCode) -> Refusal {
@@ -37,7 +50,7 @@ impl Refusal {
 /// `401` with `WWW-Authenticate` instead of `407`, so clients that are not talking to a
 /// proxy (git, SDKs) send credentials.
 pub fn refuse(rec: &mut AccessRecord, refusal: Refusal, entry: Entry) -> Response<ProxyBody> {
-    let Refusal { reason, hint, rule, status } = refusal;
+    let Refusal { reason, hint, rule, status, budget } = refusal;
     let mut resp = respond::deny(
         reason,
         &Denial {
@@ -58,6 +71,13 @@ pub fn refuse(rec: &mut AccessRecord, refusal: Refusal, entry: Entry) -> Respons
     }
     if status.is_some() || entry == Entry::Origin {
         respond::rephrase(&mut resp, reason, hint.as_deref());
+    }
+    if let Some((name, retry_after)) = budget {
+        resp.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after));
+        if let Ok(v) = HeaderValue::from_str(&name) {
+            resp.headers_mut().insert(respond::BUDGET_HEADER, v);
+        }
+        rec.budget = Some(name);
     }
     recorded(rec, reason, rule, resp)
 }
@@ -95,4 +115,23 @@ pub fn record_refusal(rec: &mut AccessRecord, reason: DenyReason, rule: Option<S
     rec.rule = rule;
     rec.status = status;
     rec.emit();
+}
+
+/// A tunnel that a spent byte budget ended: its record says which budget, and a log
+/// line says so.
+pub fn budget_ended(rec: &mut AccessRecord, end: crate::relay::End, meter: Option<&crate::budget::Meter>) {
+    if end != crate::relay::End::Budget {
+        return;
+    }
+    let spent = meter.and_then(crate::budget::Meter::why);
+    rec.reason = Some(DenyReason::LimitExceeded.code());
+    rec.budget = spent.map(|s| s.budget.clone());
+    tracing::info!(
+        sandbox = rec.sandbox.as_deref(),
+        target = %rec.target,
+        budget = rec.budget.as_deref(),
+        bytes_up = rec.bytes_up,
+        bytes_down = rec.bytes_down,
+        "tunnel closed: its sandbox spent a byte budget"
+    );
 }

@@ -116,6 +116,14 @@ impl Registry {
         self.len() == 0
     }
 
+    /// `sandbox`'s live connections: what each was authorized to reach.
+    pub fn open_for(&self, sandbox: &str) -> Vec<String> {
+        self.open
+            .lock()
+            .map(|o| o.values().filter(|e| e.sandbox == sandbox).map(|e| e.held.to_string()).collect())
+            .unwrap_or_default()
+    }
+
     /// Ends every connection whose credential `state` refuses, or whose destination
     /// its policy no longer allows. Returns how many were ended.
     pub fn close_disallowed(&self, state: &State) -> usize {
@@ -225,15 +233,25 @@ fn policy_for<'s>(state: &'s State, e: &Entry) -> Option<&'s Arc<Policy>> {
 pub struct Hold {
     registration: Registration,
     _permit: super::limits::Permit,
+    meter: Option<Arc<crate::budget::Meter>>,
 }
 
 impl Hold {
-    pub fn new(registration: Registration, permit: super::limits::Permit) -> Arc<Hold> {
-        Arc::new(Hold { registration, _permit: permit })
+    pub fn new(
+        registration: Registration,
+        permit: super::limits::Permit,
+        meter: Option<Arc<crate::budget::Meter>>,
+    ) -> Arc<Hold> {
+        Arc::new(Hold { registration, _permit: permit, meter })
     }
 
     pub fn registration(&self) -> &Registration {
         &self.registration
+    }
+
+    /// Counts the request's bytes against its byte budgets, if it has any.
+    pub fn meter(&self) -> Option<&Arc<crate::budget::Meter>> {
+        self.meter.as_ref()
     }
 }
 
@@ -241,15 +259,17 @@ impl Hold {
 /// how forwarded exchanges, git and API-route streams are cut by a sweep, both ways.
 pub struct Revocable<B> {
     inner: B,
+    /// Which way its bytes go, for the request's byte budgets.
+    dir: crate::budget::Dir,
     /// Dropped with the last body of the request, which unregisters it.
-    _hold: Arc<Hold>,
+    hold: Arc<Hold>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl<B> Revocable<B> {
-    pub fn new(inner: B, hold: Arc<Hold>) -> Self {
+    pub fn new(inner: B, hold: Arc<Hold>, dir: crate::budget::Dir) -> Self {
         let cancelled = Box::pin(hold.registration.cancel.clone().cancelled_owned());
-        Revocable { inner, _hold: hold, cancelled }
+        Revocable { inner, dir, hold, cancelled }
     }
 }
 
@@ -268,7 +288,16 @@ where
         if self.cancelled.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Err("connection ended: its credential or policy no longer allows it".into())));
         }
-        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+        let polled = Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+            && let Some(meter) = self.hold.meter()
+            && meter.add(self.dir, data.len() as u64) == crate::budget::Flow::Stop
+        {
+            let spent = meter.why().map_or("a byte budget", |e| e.budget.as_str());
+            return Poll::Ready(Some(Err(format!("ended: the sandbox spent its budget {spent}").into())));
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -9,6 +9,8 @@ use super::ProxyBody;
 use crate::policy::DenyReason;
 
 pub const DENY_REASON_HEADER: &str = "x-egress-deny-reason";
+/// On a `429` for a spent budget: which one (`upload_bytes`, `new_hosts`...).
+pub const BUDGET_HEADER: &str = "x-egress-budget";
 pub const REALM: &str = "Basic realm=\"egress-gateway\"";
 
 /// What a denial says about itself; every field is optional but `reason`.

@@ -23,6 +23,7 @@ use super::path::{self, Op, PathError};
 use super::pktline;
 use super::refusal;
 use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody};
 use crate::door::headers::strip_hop_by_hop;
@@ -159,9 +160,9 @@ pub async fn handle(
         let counted = Counting::new(Prefixed { head: Some(head), rest }, bytes_up.clone());
         // The refs are held too: a reload that narrows git.push ends the push.
         hold.registration().hold_also(refs);
-        Revocable::new(IdleBody::new(counted, idle), hold.clone()).boxed_unsync()
+        Revocable::new(IdleBody::new(counted, idle), hold.clone(), Dir::Up).boxed_unsync()
     } else {
-        Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone()).boxed_unsync()
+        Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up).boxed_unsync()
     };
     if hold.registration().is_ended() {
         return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry);
@@ -214,7 +215,7 @@ pub async fn handle(
     for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
     }
-    let body = Revocable::new(IdleBody::new(body, idle), hold.clone());
+    let body = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }

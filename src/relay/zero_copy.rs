@@ -10,7 +10,6 @@
 
 use std::io;
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::net::TcpStream;
 
@@ -18,8 +17,22 @@ use tokio::net::TcpStream;
 const CHUNK: usize = 64 * 1024;
 
 /// Relays `from` to `to` until `from` ends (then half-closes `to`) or an error occurs.
-/// `on_bytes` is called after every chunk with its length.
-pub async fn one_way(from: &TcpStream, to: &TcpStream, count: &AtomicU64, on_bytes: impl Fn()) -> io::Result<()> {
+/// What a direction reports every chunk to (counts, the idle clock, budgets), which
+/// may hold the direction (by not answering yet) or stop it (`false`).
+pub trait Gate {
+    fn go_on(&self, n: usize) -> impl Future<Output = bool>;
+}
+
+/// No counting at all (the load bench's bare relay).
+impl Gate for () {
+    async fn go_on(&self, _: usize) -> bool {
+        true
+    }
+}
+
+/// Relays `from` to `to` until `from` ends (then half-closes `to`), an error occurs or
+/// `gate` stops it.
+pub async fn one_way(from: &TcpStream, to: &TcpStream, gate: &impl Gate) -> io::Result<()> {
     let mut bulk = false;
     loop {
         from.readable().await?;
@@ -37,9 +50,15 @@ pub async fn one_way(from: &TcpStream, to: &TcpStream, count: &AtomicU64, on_byt
             let _ = socket2::SockRef::from(to).shutdown(Shutdown::Write);
             return Ok(());
         }
-        count.fetch_add(n as u64, Ordering::Relaxed);
-        on_bytes();
+        if !gate.go_on(n).await {
+            return Err(spent());
+        }
     }
+}
+
+/// The error a direction stops with when its budget is spent.
+pub fn spent() -> io::Error {
+    io::Error::other("byte budget spent")
 }
 
 /// One chunk relayed: its length, and whether it took all the room there was.

@@ -1,0 +1,492 @@
+//! Egress budgets (`[policies.NAME.budget]`) and, with a shared store, the per-sandbox
+//! rate and per-route request limits counted across the fleet.
+//!
+//! The request path never waits on the store: [`Budgets::admit`] and [`Meter::add`]
+//! spend from the in-memory [`ledger`], and a background task ([`store`]) hands what
+//! was spent to Redis a few times a second (sooner once half a lease is spent) and
+//! brings back the fleet's totals. Without a store (`limits.store = "local"`), the
+//! ledger is the whole count.
+
+pub mod ledger;
+pub mod store;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::policy::budget::{BudgetSpec, Limits};
+use ledger::{Ledger, Mode, What, Window};
+
+/// Bytes a tunnel moves before it reports them: the most a tunnel overshoots a byte
+/// budget by, and one ledger lock per this many bytes.
+pub const BATCH: u64 = 64 * 1024;
+
+use crate::metrics::{BUDGET_EXHAUSTED, LIMIT_STORE_UP as STORE_UP};
+
+/// A budget or limit that refuses more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exhausted {
+    /// Its name: `requests`, `upload_bytes`, `hosts[*.s3.amazonaws.com].upload_bytes`,
+    /// `new_hosts`, `proxy.sandbox_max_per_second`, `limits.store`...
+    pub budget: String,
+    /// Seconds until it has room again (the window's end, or a store's next answer).
+    pub retry_after: u64,
+    pub hint: String,
+}
+
+/// Whether a counter's refusal is the limit's or only the lease's.
+fn exhausted(what: &dyn std::fmt::Display, c: &ledger::Counter, unix_now: u64) -> Exhausted {
+    if c.used() >= c.limit {
+        Exhausted {
+            budget: what.to_string(),
+            retry_after: c.window.end().saturating_sub(unix_now).max(1),
+            hint: format!("budget {what} of {} per {}s is spent until the window ends", c.limit, c.window.secs),
+        }
+    } else {
+        Exhausted {
+            budget: what.to_string(),
+            retry_after: 1,
+            hint: format!("budget {what}: this instance spent its lease and waits for the shared store; retry"),
+        }
+    }
+}
+
+/// Shared-store limits that are not a policy's budget.
+#[derive(Debug, Default, Clone)]
+pub struct FleetLimits {
+    /// `proxy.sandbox_max_per_second`, counted in one-second windows (0: none).
+    pub per_second: u32,
+    /// Per route: `sandbox_requests_per_minute`, counted in one-minute windows.
+    pub routes: std::collections::HashMap<String, u32>,
+}
+
+/// What one request asks of the budgets.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ask<'a> {
+    pub sandbox: &'a str,
+    pub spec: Option<&'a Arc<BudgetSpec>>,
+    /// The host contacted (`new_hosts`, per-host overrides); `None` for the git and
+    /// API routes, whose host is the gateway's.
+    pub host: Option<&'a str>,
+    pub route: Option<&'a str>,
+}
+
+struct Inner {
+    ledger: Mutex<Ledger>,
+    /// Counted in a shared store.
+    shared: bool,
+    healthy: AtomicBool,
+    /// Instances the store last reported alive (1 until it reports).
+    instances: AtomicU64,
+    deny_on_store_error: bool,
+    fleet: FleetLimits,
+    /// Wakes the sync early (half a lease spent).
+    wake: Notify,
+    store: OnceLock<Arc<store::Store>>,
+}
+
+/// The budgets of every sandbox on this instance. Cheap to clone.
+#[derive(Clone)]
+pub struct Budgets(Arc<Inner>);
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Budgets {
+    /// Counted here only.
+    pub fn local() -> Budgets {
+        Budgets::new(false, false, FleetLimits::default())
+    }
+
+    /// Counted in a shared store that [`store::run`] syncs with; `fleet` are the
+    /// per-instance limits now counted fleet-wide.
+    pub fn shared(deny_on_store_error: bool, fleet: FleetLimits) -> Budgets {
+        Budgets::new(true, deny_on_store_error, fleet)
+    }
+
+    fn new(shared: bool, deny_on_store_error: bool, fleet: FleetLimits) -> Budgets {
+        ::metrics::gauge!(STORE_UP).set(1.0);
+        Budgets(Arc::new(Inner {
+            ledger: Mutex::new(Ledger::default()),
+            shared,
+            healthy: AtomicBool::new(true),
+            instances: AtomicU64::new(1),
+            deny_on_store_error,
+            fleet,
+            wake: Notify::new(),
+            store: OnceLock::new(),
+        }))
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.0.shared
+    }
+
+    /// False while the shared store does not answer.
+    pub fn store_healthy(&self) -> bool {
+        self.0.healthy.load(Ordering::Relaxed)
+    }
+
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.0.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mode(&self) -> Mode {
+        self.0.mode()
+    }
+
+    /// Admits one request or tunnel: spends one of every request budget and limit that
+    /// applies and counts its host, or refuses without spending anything. The meter
+    /// returned counts its bytes against its byte budgets.
+    pub fn admit(&self, ask: Ask<'_>) -> Result<Option<Arc<Meter>>, Exhausted> {
+        let route_limit = ask.route.and_then(|r| self.0.fleet.routes.get(r)).copied().filter(|&n| n > 0);
+        let fleet_limited = self.0.shared && (self.0.fleet.per_second > 0 || route_limit.is_some());
+        if ask.spec.is_none() && !fleet_limited {
+            return Ok(None);
+        }
+        if self.0.shared && self.0.deny_on_store_error && !self.store_healthy() {
+            return Err(Exhausted {
+                budget: "limits.store".into(),
+                retry_after: 1,
+                hint: "the shared limit store cannot be reached and limits.on_store_error is \"deny\"".into(),
+            });
+        }
+        let (now, unix) = (Instant::now(), unix_now());
+        let mode = self.mode();
+        let sandbox: Arc<str> = Arc::from(ask.sandbox);
+
+        // Counts asked for before they are spent: (what, window, limit).
+        let mut counts: Vec<(What, Window, u64)> = Vec::new();
+        if self.0.shared && self.0.fleet.per_second > 0 {
+            counts.push((What::Rate, Window::at(1, unix), u64::from(self.0.fleet.per_second)));
+        }
+        if self.0.shared
+            && let (Some(route), Some(n)) = (ask.route, route_limit)
+        {
+            counts.push((What::Route(Arc::from(route)), Window::at(60, unix), u64::from(n)));
+        }
+        let mut bytes: Vec<(What, u64)> = Vec::new();
+        let mut window = Window::at(3600, unix);
+        if let Some(spec) = ask.spec {
+            window = Window::at(spec.window.as_secs(), unix);
+            let mut add = |limits: &Limits, req: What, up: What, down: What| {
+                if let Some(n) = limits.requests {
+                    counts.push((req, window, n));
+                }
+                if let Some(n) = limits.upload_bytes {
+                    bytes.push((up, n));
+                }
+                if let Some(n) = limits.download_bytes {
+                    bytes.push((down, n));
+                }
+            };
+            add(&spec.limits, What::Requests, What::Upload, What::Download);
+            for h in ask.host.into_iter().flat_map(|host| spec.hosts_for(host)) {
+                let p: Arc<str> = Arc::from(h.host.as_str());
+                add(&h.limits, What::HostRequests(p.clone()), What::HostUpload(p.clone()), What::HostDownload(p));
+            }
+        }
+
+        let mut ledger = self.ledger();
+        for (what, w, limit) in &counts {
+            let c = ledger.counter(&sandbox, what, *w, *limit, now);
+            if c.room(mode, false) < 1 {
+                return Err(refused(what, c, unix));
+            }
+        }
+        for (what, limit) in &bytes {
+            let c = ledger.counter(&sandbox, what, window, *limit, now);
+            // A lease spent by the sandbox's other tunnels holds them, not a new one.
+            let open = if mode == Mode::Shared { c.used() < c.limit } else { c.room(mode, true) >= 1 };
+            if !open {
+                return Err(refused(what, c, unix));
+            }
+        }
+        let new_host = match (ask.spec.and_then(|s| s.new_hosts), ask.host) {
+            (Some(limit), Some(host)) => {
+                let host = host.trim_end_matches('.').to_ascii_lowercase();
+                let set = ledger.host_set(&sandbox, window, limit, now);
+                if !set.admits(&host, mode) {
+                    ::metrics::counter!(BUDGET_EXHAUSTED, "budget" => "new_hosts").increment(1);
+                    let spent = set.used() >= limit;
+                    return Err(Exhausted {
+                        budget: "new_hosts".into(),
+                        retry_after: if spent { window.end().saturating_sub(unix).max(1) } else { 1 },
+                        hint: if spent {
+                            format!("budget new_hosts of {limit} distinct hosts per {}s is spent", window.secs)
+                        } else {
+                            "budget new_hosts: this instance waits for the shared store; retry".into()
+                        },
+                    });
+                }
+                Some(host)
+            }
+            _ => None,
+        };
+
+        let mut wake = false;
+        for (what, w, limit) in &counts {
+            let c = ledger.counter(&sandbox, what, *w, *limit, now);
+            c.pending += 1;
+            wake |= c.pending * 2 >= ledger::lease(c.limit, false);
+        }
+        if let Some(host) = new_host {
+            let set = ledger.host_set(&sandbox, window, ask.spec.and_then(|s| s.new_hosts).unwrap_or(0), now);
+            set.add(&host);
+            wake |= set.pending.len() as u64 * 2 >= ledger::lease(set.limit, false);
+        }
+        drop(ledger);
+        if wake && self.0.shared {
+            self.0.wake.notify_one();
+        }
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        let (mut up, mut down) = (Vec::new(), Vec::new());
+        for (what, limit) in bytes {
+            match what {
+                What::Upload | What::HostUpload(_) => up.push((what, limit)),
+                _ => down.push((what, limit)),
+            }
+        }
+        Ok(Some(Arc::new(Meter {
+            budgets: self.clone(),
+            sandbox,
+            window_secs: window.secs,
+            lists: [up, down],
+            unreported: [AtomicU64::new(0), AtomicU64::new(0)],
+            exhausted: CancellationToken::new(),
+            why: OnceLock::new(),
+        })))
+    }
+
+    /// Where the fleet's counts are read from for [`Budgets::spent`].
+    pub fn set_store(&self, store: Arc<store::Store>) {
+        let _ = self.0.store.set(store);
+    }
+
+    /// What `sandbox` spent in the current windows: with a shared store, the fleet's
+    /// totals read from it plus what this instance has not handed over yet; otherwise
+    /// (or when the store does not answer) this instance's view.
+    pub async fn spent(&self, sandbox: &str, spec: Option<&BudgetSpec>) -> Vec<Spent> {
+        let Some(spec) = spec else { return Vec::new() };
+        let w = Window::at(spec.window.as_secs(), unix_now());
+        let mut rows: Vec<(Option<What>, u64)> = Vec::new();
+        let mut add = |limits: &Limits, req: What, up: What, down: What| {
+            for (what, limit) in [(req, limits.requests), (up, limits.upload_bytes), (down, limits.download_bytes)] {
+                if let Some(limit) = limit {
+                    rows.push((Some(what), limit));
+                }
+            }
+        };
+        add(&spec.limits, What::Requests, What::Upload, What::Download);
+        for h in &spec.hosts {
+            let p: Arc<str> = Arc::from(h.host.as_str());
+            add(&h.limits, What::HostRequests(p.clone()), What::HostUpload(p.clone()), What::HostDownload(p));
+        }
+        if let Some(limit) = spec.new_hosts {
+            rows.push((None, limit));
+        }
+        let fleet = match self.0.store.get() {
+            Some(store) => store.read(sandbox, w, rows.iter().map(|(what, _)| what.as_ref())).await.ok(),
+            None => None,
+        };
+        let ledger = self.ledger();
+        rows.iter()
+            .enumerate()
+            .map(|(i, (what, limit))| {
+                let (local, unsent) = match what {
+                    Some(what) => ledger.peek(sandbox, what, w).map_or((0, 0), |c| (c.used(), c.pending + c.flushing)),
+                    None => ledger
+                        .hosts
+                        .get(sandbox)
+                        .filter(|s| s.window == w)
+                        .map_or((0, 0), |s| (s.used(), (s.pending.len() + s.flushing.len()) as u64)),
+                };
+                let used = match &fleet {
+                    Some(f) => f[i] + unsent,
+                    None => local,
+                };
+                Spent {
+                    budget: what.as_ref().map_or_else(|| "new_hosts".to_string(), ToString::to_string),
+                    used,
+                    limit: *limit,
+                    window_start: w.start(),
+                    window_end: w.end(),
+                }
+            })
+            .collect()
+    }
+}
+
+fn refused(what: &What, c: &ledger::Counter, unix: u64) -> Exhausted {
+    let kind = match what {
+        What::HostRequests(_) | What::HostUpload(_) | What::HostDownload(_) => "hosts",
+        What::Requests => "requests",
+        What::Upload => "upload_bytes",
+        What::Download => "download_bytes",
+        What::Rate => "per_second",
+        What::Route(_) => "route",
+    };
+    ::metrics::counter!(BUDGET_EXHAUSTED, "budget" => kind).increment(1);
+    exhausted(what, c, unix)
+}
+
+impl Inner {
+    fn mode(&self) -> Mode {
+        if !self.shared {
+            Mode::Local
+        } else if self.healthy.load(Ordering::Relaxed) {
+            Mode::Shared
+        } else {
+            Mode::Fallback { instances: self.instances.load(Ordering::Relaxed) }
+        }
+    }
+}
+
+/// One budget's use in its current window.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Spent {
+    pub budget: String,
+    pub used: u64,
+    pub limit: u64,
+    pub window_start: u64,
+    pub window_end: u64,
+}
+
+/// A direction of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// Client to upstream.
+    Up = 0,
+    Down = 1,
+}
+
+/// Counts one request's or tunnel's bytes against its byte budgets, in batches.
+pub struct Meter {
+    budgets: Budgets,
+    sandbox: Arc<str>,
+    window_secs: u64,
+    /// Per direction: the counters and their limits.
+    lists: [Vec<(What, u64)>; 2],
+    unreported: [AtomicU64; 2],
+    exhausted: CancellationToken,
+    why: OnceLock<Exhausted>,
+}
+
+/// What a tunnel direction does after a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Go,
+    /// This instance is a lease ahead of the shared store: wait for its next answer
+    /// ([`Meter::room`]) before moving more.
+    Wait,
+    /// A budget is spent: end the tunnel.
+    Stop,
+}
+
+impl Meter {
+    /// Counts `n` bytes moved.
+    pub fn add(&self, dir: Dir, n: u64) -> Flow {
+        if self.lists[dir as usize].is_empty() {
+            return Flow::Go;
+        }
+        let slot = &self.unreported[dir as usize];
+        if slot.fetch_add(n, Ordering::Relaxed) + n < BATCH {
+            return if self.exhausted.is_cancelled() { Flow::Stop } else { Flow::Go };
+        }
+        let n = slot.swap(0, Ordering::Relaxed);
+        self.report(dir, n)
+    }
+
+    /// Waits (polling the ledger) until `dir` may move bytes again: true, or false once
+    /// a budget is spent. Bounded: a store that does not answer within its timeout
+    /// counts as down, and then this instance's share decides.
+    pub async fn room(&self, dir: Dir) -> bool {
+        loop {
+            match self.check(dir, 0) {
+                Flow::Go => return true,
+                Flow::Stop => return false,
+                Flow::Wait => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+    }
+
+    /// Reports what is left unreported (at the end of a tunnel or body).
+    pub fn finish(&self) {
+        for dir in [Dir::Up, Dir::Down] {
+            let n = self.unreported[dir as usize].swap(0, Ordering::Relaxed);
+            if n > 0 && !self.lists[dir as usize].is_empty() {
+                self.report(dir, n);
+            }
+        }
+    }
+
+    /// Fires when a byte budget is spent.
+    pub fn exhausted(&self) -> &CancellationToken {
+        &self.exhausted
+    }
+
+    /// The budget that was spent.
+    pub fn why(&self) -> Option<&Exhausted> {
+        self.why.get()
+    }
+
+    fn report(&self, dir: Dir, n: u64) -> Flow {
+        let flow = self.check(dir, n);
+        if flow == Flow::Stop {
+            self.exhausted.cancel();
+        }
+        flow
+    }
+
+    /// Adds `n` to `dir`'s counters and says whether more may move.
+    fn check(&self, dir: Dir, n: u64) -> Flow {
+        if self.exhausted.is_cancelled() {
+            return Flow::Stop;
+        }
+        let (now, unix) = (Instant::now(), unix_now());
+        let window = Window::at(self.window_secs, unix);
+        let mode = self.budgets.mode();
+        let mut flow = Flow::Go;
+        let mut wake = false;
+        {
+            let mut ledger = self.budgets.ledger();
+            for (what, limit) in &self.lists[dir as usize] {
+                let c = ledger.counter(&self.sandbox, what, window, *limit, now);
+                c.pending += n;
+                let lease = ledger::lease(c.limit, true);
+                wake |= n > 0 && c.pending * 2 >= lease;
+                if c.room(mode, true) > 0 {
+                    continue;
+                }
+                if c.used() < c.limit && mode == Mode::Shared {
+                    // Only the lease is spent: the store has the last word.
+                    flow = Flow::Wait;
+                    wake = true;
+                    continue;
+                }
+                let _ = self.why.set(refused(what, c, unix));
+                flow = Flow::Stop;
+                break;
+            }
+        }
+        if wake && self.budgets.0.shared {
+            self.budgets.0.wake.notify_one();
+        }
+        flow
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// How long the sync waits for the store before it counts the store as down.
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);

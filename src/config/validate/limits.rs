@@ -1,0 +1,93 @@
+//! The `[limits]` section: where per-sandbox limits and budgets are counted.
+
+#[allow(clippy::wildcard_imports, reason = "a section of validate.rs: its helpers and imports")]
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    pub store: LimitStore,
+    /// With a Redis store that cannot be reached: keep counting locally (at this
+    /// instance's share), or refuse what a budget or limit covers.
+    pub deny_on_store_error: bool,
+    pub sync_interval: Duration,
+}
+
+#[derive(Clone)]
+pub enum LimitStore {
+    /// Counted by each instance on its own.
+    Local,
+    /// Counted in Redis, shared by every instance. `url` never holds a password.
+    Redis { url: String, password: Option<crate::secret::Secret> },
+}
+
+impl std::fmt::Debug for LimitStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimitStore::Local => f.write_str("Local"),
+            LimitStore::Redis { url, .. } => f.debug_struct("Redis").field("url", url).finish_non_exhaustive(),
+        }
+    }
+}
+
+pub(super) fn validate_limits(
+    l: crate::config::raw::RawLimits,
+    file: &DisplayPath,
+    base_dir: &Path,
+) -> Result<LimitsConfig, ConfigError> {
+    let deny_on_store_error = match l.on_store_error.as_str() {
+        "local" => false,
+        "deny" => true,
+        other => {
+            return Err(ConfigError::invalid(
+                file,
+                "limits.on_store_error",
+                format!("expected \"local\" or \"deny\", got {other:?}"),
+            ));
+        }
+    };
+    if l.sync_interval < Duration::from_millis(10) || l.sync_interval > Duration::from_secs(10) {
+        return Err(ConfigError::invalid(file, "limits.sync_interval", "expected a duration from 10ms to 10s"));
+    }
+    let store = if l.store == "local" {
+        LimitStore::Local
+    } else if l.store.starts_with("redis://") || l.store.starts_with("rediss://") {
+        let url = http::Uri::try_from(l.store.as_str()).ok();
+        let Some(authority) = url.as_ref().and_then(|u| u.authority()) else {
+            return Err(ConfigError::invalid(
+                file,
+                "limits.store",
+                "expected redis://HOST:PORT/DB or rediss://HOST:PORT/DB",
+            ));
+        };
+        // A password in the URL would be in every place the URL is shown.
+        if authority.as_str().split_once('@').is_some_and(|(user, _)| user.contains(':')) {
+            return Err(ConfigError::invalid(
+                file,
+                "limits.store",
+                "the URL holds a password: put it in limits.redis_password_file instead",
+            ));
+        }
+        let password = match &l.redis_password_file {
+            Some(p) => {
+                let path = base_dir.join(p);
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    ConfigError::invalid(
+                        file,
+                        "limits.redis_password_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                Some(crate::secret::Secret::new(text.trim()))
+            }
+            None => None,
+        };
+        LimitStore::Redis { url: l.store, password }
+    } else {
+        return Err(ConfigError::invalid(
+            file,
+            "limits.store",
+            format!("expected \"local\" or a redis:// or rediss:// URL, got {:?}", l.store),
+        ));
+    };
+    Ok(LimitsConfig { store, deny_on_store_error, sync_interval: l.sync_interval })
+}

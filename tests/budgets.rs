@@ -1,0 +1,523 @@
+//! Egress budgets on loopback: request, byte and new-host budgets counted by one
+//! instance, and the same budgets (and the per-second limit) shared by two instances
+//! through a real `redis-server`, including what happens while Redis is down.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::gateway::{TestGateway, basic};
+use support::raw;
+use support::{STANDARD_CONFIG, TOKEN_A, sha256_hex};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * 1024;
+/// What a tunnel may move past a spent byte budget before the gateway sees it: one
+/// report batch (64 KiB) and a chunk in flight each way.
+const TUNNEL_SLACK: u64 = 64 * KIB + 512 * KIB;
+
+/// A TCP server that counts every byte it receives; a connection that starts with
+/// `GET /big` gets 4 MiB back instead.
+struct ByteSink {
+    addr: SocketAddr,
+    received: Arc<AtomicU64>,
+}
+
+impl ByteSink {
+    fn start() -> ByteSink {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = Arc::new(AtomicU64::new(0));
+        let count = received.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { continue };
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut first = true;
+                    loop {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if first && buf[..n].starts_with(b"GET /big") {
+                                    let body = vec![b'x'; (4 * MIB) as usize];
+                                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n");
+                                    let _ = s.write_all(&body);
+                                    return;
+                                }
+                                first = false;
+                                count.fetch_add(n as u64, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        ByteSink { addr, received }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the count has not moved for 300 ms (the last bytes are in).
+    fn settled(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = u64::MAX;
+        while Instant::now() < deadline {
+            let now = self.received();
+            if now == last {
+                return now;
+            }
+            last = now;
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.received()
+    }
+}
+
+/// Budgets count in windows aligned to the epoch: a test that counts in one hour-long
+/// window starts at least a minute before it ends.
+fn clear_of_the_hour() {
+    let into = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() % 3600;
+    if into > 3540 {
+        std::thread::sleep(Duration::from_secs(3601 - into));
+    }
+}
+
+fn policy(budget_rules: &str) -> String {
+    format!(
+        r#"
+[policies.budgeted]
+allow = ["origin.test:*", "a.deep.wild.test:*", "b-only.test:*", "tls.test:*", "127.0.0.1:*"]
+{budget_rules}
+
+[[sandboxes]]
+id = "sbx-a"
+token_sha256 = "{a}"
+policy = "budgeted"
+"#,
+        a = sha256_hex(TOKEN_A),
+    )
+}
+
+/// Sends a CONNECT for `target` as sbx-a; returns the stream and the response head.
+fn connect(gw: SocketAddr, target: &str) -> (TcpStream, String) {
+    let mut s = raw::connect(gw);
+    let auth = basic("sbx-a", TOKEN_A);
+    write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n").unwrap();
+    let head = raw::read_head(&mut s);
+    (s, head)
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim()))
+}
+
+/// Writes into an open tunnel until the gateway closes it (or `cap` bytes are sent);
+/// returns what was written.
+fn upload_until_closed(mut s: TcpStream, cap: u64) -> u64 {
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let chunk = vec![b'u'; 32 * 1024];
+    let mut sent = 0;
+    while sent < cap {
+        match s.write(&chunk) {
+            Ok(n) => sent += n as u64,
+            Err(_) => break,
+        }
+    }
+    sent
+}
+
+fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
+    let resp = raw::exchange(admin, format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (raw::status(&resp), body)
+}
+
+#[test]
+fn requests_and_new_hosts_budgets_refuse_with_their_name_and_retry_after() {
+    clear_of_the_hour();
+    let sink = ByteSink::start();
+    let port = sink.addr.port();
+    let gw = TestGateway::start(
+        STANDARD_CONFIG,
+        &policy("[policies.budgeted.budget]\nwindow = \"1h\"\nrequests = 5\nnew_hosts = 2\n"),
+    );
+    // Two hosts, four requests.
+    for target in ["origin.test", "a.deep.wild.test", "origin.test", "a.deep.wild.test"] {
+        let (_s, head) = connect(gw.addr, &format!("{target}:{port}"));
+        assert_eq!(raw::status(&head), 200, "{target}: {head}");
+    }
+    // A third host: new_hosts is spent, and the refusal spends no request.
+    let (_s, head) = connect(gw.addr, &format!("b-only.test:{port}"));
+    assert_eq!(raw::status(&head), 429, "{head}");
+    assert_eq!(header(&head, "x-egress-budget"), Some("new_hosts"));
+    let (_s, head) = connect(gw.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "{head}");
+    // The requests budget is spent now.
+    let (mut s, head) = connect(gw.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 429, "{head}");
+    assert_eq!(header(&head, "x-egress-deny-reason"), Some("limit_exceeded"));
+    assert_eq!(header(&head, "x-egress-budget"), Some("requests"));
+    let retry: u64 = header(&head, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry), "Retry-After {retry}: the window's end");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    assert!(body.contains("budget requests of 5 per 3600s is spent"), "{body}");
+
+    let refused = gw.wait_for_access(2, |v| v["reason"] == "limit_exceeded");
+    let budgets: Vec<&str> = refused.iter().filter_map(|v| v["budget"].as_str()).collect();
+    assert_eq!(budgets, ["new_hosts", "requests"], "{refused:?}");
+
+    // The admin listener and the usage command show what was spent.
+    let (status, body) = admin_get(gw.admin_addr(), "/v1/sandboxes/sbx-a");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let used = |name: &str| {
+        v["budgets"].as_array().unwrap().iter().find(|b| b["budget"] == name).map(|b| b["used"].as_u64().unwrap())
+    };
+    assert_eq!(used("requests"), Some(5), "{v}");
+    assert_eq!(used("new_hosts"), Some(2), "{v}");
+    assert_eq!(v["recent_refusals"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(admin_get(gw.admin_addr(), "/v1/sandboxes/nobody").0, 404);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["usage", "--sandbox", "sbx-a", "--admin", &gw.admin_addr().to_string(), "--config"])
+        .arg(gw.config_path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("requests") && text.contains("5 of 5"), "{text}");
+    assert!(text.contains("budget=new_hosts"), "{text}");
+}
+
+#[test]
+fn a_tunnel_is_closed_when_its_upload_budget_is_spent_and_downloads_count_too() {
+    clear_of_the_hour();
+    let sink = ByteSink::start();
+    let port = sink.addr.port();
+    let limit = 512 * KIB;
+    let gw = TestGateway::start(
+        STANDARD_CONFIG,
+        &policy(
+            "[policies.budgeted.budget]\nupload_bytes = \"512KiB\"\n\
+             [[policies.budgeted.budget.hosts]]\nhost = \"tls.test\"\ndownload_bytes = \"1MiB\"\n",
+        ),
+    );
+    let (s, head) = connect(gw.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "{head}");
+    let sent = upload_until_closed(s, 64 * MIB);
+    let got = sink.settled();
+    assert!(sent < 64 * MIB, "the tunnel was never closed ({sent} bytes sent)");
+    assert!(
+        got >= limit && got <= limit + TUNNEL_SLACK,
+        "the origin got {got} bytes of a {limit}-byte budget; sent {sent}; {}",
+        gw.log_text()
+    );
+    let closed =
+        gw.wait_for_log(Duration::from_secs(10), |v| v["msg"] == "tunnel closed: its sandbox spent a byte budget");
+    assert_eq!(closed["budget"], "upload_bytes", "{closed}");
+    let rec = gw.wait_for_access(1, |v| v["kind"] == "connect" && v["budget"] == "upload_bytes");
+    assert_eq!(rec[0]["reason"], "limit_exceeded");
+
+    // Spent: new tunnels are refused until the window ends.
+    let (_s, head) = connect(gw.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 429, "{head}");
+    assert_eq!(header(&head, "x-egress-budget"), Some("upload_bytes"));
+
+    // A host override counts downloads from that host only.
+    let gw = TestGateway::start(
+        STANDARD_CONFIG,
+        &policy(
+            "[policies.budgeted.budget]\n\
+             [[policies.budgeted.budget.hosts]]\nhost = \"tls.test\"\ndownload_bytes = \"1MiB\"\n",
+        ),
+    );
+    let fetch = |host: &str| {
+        let (mut s, head) = connect(gw.addr, &format!("{host}:{port}"));
+        assert_eq!(raw::status(&head), 200, "{head}");
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut got = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+        got
+    };
+    let other = fetch("origin.test");
+    assert!(other > 4 * MIB, "another host is not counted: {other}");
+    let capped = fetch("tls.test");
+    assert!((MIB..MIB + TUNNEL_SLACK).contains(&capped), "download cut at the budget: {capped}");
+    let (_s, head) = connect(gw.addr, &format!("tls.test:{port}"));
+    assert_eq!(header(&head, "x-egress-budget"), Some("hosts[tls.test].download_bytes"), "{head}");
+    let (_s, head) = connect(gw.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "{head}");
+}
+
+#[test]
+fn budget_config_errors_name_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("policy")).unwrap();
+    let cases = [
+        ("[policies.p.budget]\nupload_bytes = \"lots\"\n", "policies.p.budget.upload_bytes", "expected a size"),
+        ("[policies.p.budget]\nwindow = \"1.5s\"\n", "policies.p.budget.window", "whole seconds"),
+        ("[policies.p.budget]\n[[policies.p.budget.hosts]]\nhost = \"a b\"\n", "hosts[0].host", "hostname"),
+        ("[policies.p.budget]\nuploads = 1\n", "unknown field", "uploads"),
+    ];
+    for (text, key, what) in cases {
+        std::fs::write(dir.path().join("policy/p.toml"), format!("[policies.p]\nallow = []\n{text}")).unwrap();
+        std::fs::write(dir.path().join("gateway.toml"), "[policy]\ndir = \"policy\"\n").unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+            .args(["config", "validate", "--config"])
+            .arg(dir.path().join("gateway.toml"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}");
+        assert!(err.contains("p.toml") && err.contains(key) && err.contains(what), "{text}: {err}");
+    }
+    for (store, what) in [
+        ("store = \"memcached://x\"", "limits.store"),
+        ("store = \"redis://user:secret@127.0.0.1:1/0\"", "redis_password_file"),
+        ("on_store_error = \"maybe\"", "limits.on_store_error"),
+    ] {
+        std::fs::write(dir.path().join("policy/p.toml"), "[policies.p]\nallow = []\n").unwrap();
+        std::fs::write(dir.path().join("gateway.toml"), format!("[policy]\ndir = \"policy\"\n[limits]\n{store}\n"))
+            .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+            .args(["config", "validate", "--config"])
+            .arg(dir.path().join("gateway.toml"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(what), "{store}: {err}");
+        assert!(!err.contains("secret"), "the password is echoed: {err}");
+    }
+}
+
+/// A `redis-server` on a free loopback port, stopped on drop.
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut r = Redis { port, child: None, dir: tempfile::tempdir().unwrap() };
+        r.restart();
+        r
+    }
+
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (apt install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.command("PING").as_deref() != Some("+PONG") {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// One inline command; its reply's first line.
+    fn command(&self, cmd: &str) -> Option<String> {
+        self.reply(cmd).map(|r| r.lines().next().unwrap_or("").to_string())
+    }
+
+    /// One inline command; its whole reply (one read).
+    fn reply(&self, cmd: &str) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(format!("{cmd}\r\n").as_bytes()).ok()?;
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn shared_config(redis: &Redis, extra: &str) -> String {
+    format!("{STANDARD_CONFIG}\n[limits]\nstore = \"{}\"\nsync_interval = \"50ms\"\n{extra}", redis.url())
+}
+
+fn poll(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn two_instances_share_one_upload_budget_through_redis() {
+    clear_of_the_hour();
+    let redis = Redis::start();
+    let sink = ByteSink::start();
+    let port = sink.addr.port();
+    let limit = 2 * MIB;
+    let rules = "[policies.budgeted.budget]\nupload_bytes = \"2MiB\"\n";
+    let a = TestGateway::start(&shared_config(&redis, ""), &policy(rules));
+    let b = TestGateway::start(&shared_config(&redis, ""), &policy(rules));
+
+    // Upload through both at once, each as much as it will take.
+    let (sa, head) = connect(a.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "{head}");
+    let (sb, head) = connect(b.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "{head}");
+    let ta = std::thread::spawn(move || upload_until_closed(sa, 64 * MIB));
+    let tb = std::thread::spawn(move || upload_until_closed(sb, 64 * MIB));
+    let (sent_a, sent_b) = (ta.join().unwrap(), tb.join().unwrap());
+    assert!(sent_a < 64 * MIB && sent_b < 64 * MIB, "both tunnels are closed ({sent_a}, {sent_b})");
+    let got = sink.settled();
+    // One budget for the fleet: at most one lease (256 KiB) per instance past it, and
+    // what a tunnel moves before it reports. Counted per instance it would be 4 MiB.
+    let bound = limit + 2 * 256 * KIB + 2 * TUNNEL_SLACK;
+    assert!(
+        got >= limit && got <= bound,
+        "the origin got {got} bytes of one {limit}-byte fleet budget (bound {bound})"
+    );
+
+    // Both instances now refuse new tunnels, and show the fleet's total.
+    for gw in [&a, &b] {
+        poll("the spent budget to reach both instances", || {
+            raw::status(&connect(gw.addr, &format!("origin.test:{port}")).1) == 429
+        });
+        let (_, body) = admin_get(gw.admin_addr(), "/v1/sandboxes/sbx-a");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let used = v["budgets"][0]["used"].as_u64().unwrap();
+        assert!(used >= limit, "{v}");
+    }
+}
+
+#[test]
+fn the_per_second_limit_holds_across_two_instances() {
+    let redis = Redis::start();
+    let sink = ByteSink::start();
+    let port = sink.addr.port();
+    // 64 a second: a lease of 8 per instance, so at most 80 in any second for the
+    // fleet; counted per instance it would be 128.
+    let config = shared_config(&redis, "").replace("[proxy]\n", "[proxy]\nsandbox_max_per_second = 64\n");
+    let a = TestGateway::start(&config, &policy(""));
+    let b = TestGateway::start(&config, &policy(""));
+    let targets = [a.addr, b.addr];
+    // 100 requests within one second, alternating between the instances. A burst
+    // that straddles a second boundary is retried (up to 5 times).
+    for attempt in 0..5 {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        std::thread::sleep(Duration::from_millis(1000 - u64::from(now.subsec_millis())) + Duration::from_millis(20));
+        let second = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let admitted = Arc::new(AtomicU64::new(0));
+        let refused = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (admitted, refused) = (admitted.clone(), refused.clone());
+                std::thread::spawn(move || {
+                    for i in 0..25 {
+                        let gw = targets[(t + i) % 2];
+                        match raw::status(&connect(gw, &format!("origin.test:{port}")).1) {
+                            200 => admitted.fetch_add(1, Ordering::Relaxed),
+                            429 => refused.fetch_add(1, Ordering::Relaxed),
+                            other => panic!("status {other}"),
+                        };
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let end = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        if end != second {
+            eprintln!("attempt {attempt}: the burst crossed a second boundary; again");
+            continue;
+        }
+        let (admitted, refused) = (admitted.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
+        assert_eq!(admitted + refused, 100);
+        assert!(admitted <= 80, "{admitted} of 100 admitted in one second under a fleet limit of 64/s");
+        assert!(admitted >= 8, "only {admitted} admitted");
+        return;
+    }
+    panic!("no burst fit in one second in 5 attempts");
+}
+
+#[test]
+fn without_redis_both_instances_count_locally_and_reconcile_when_it_returns() {
+    clear_of_the_hour();
+    let mut redis = Redis::start();
+    let sink = ByteSink::start();
+    let port = sink.addr.port();
+    let rules = "[policies.budgeted.budget]\nrequests = 1000\n";
+    let a = TestGateway::start(&shared_config(&redis, ""), &policy(rules));
+    let b = TestGateway::start(&shared_config(&redis, ""), &policy(rules));
+    let strict = TestGateway::start(&shared_config(&redis, "on_store_error = \"deny\"\n"), &policy(rules));
+    for gw in [&a, &b, &strict] {
+        assert_eq!(raw::status(&connect(gw.addr, &format!("origin.test:{port}")).1), 200);
+    }
+    let ready = |gw: &TestGateway| admin_get(gw.admin_addr(), "/readyz").1;
+    poll("the heartbeat of three instances", || redis.command("ZCARD egress:v1:instances").as_deref() == Some(":3"));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let key = format!("egress:v1:sbx-a:requests:3600:{}", now / 3600);
+    poll("the three requests in Redis", || redis.reply(&format!("GET {key}")).as_deref() == Some("$1\r\n3\r\n"));
+
+    redis.stop();
+    for gw in [&a, &b, &strict] {
+        poll("readyz to report the store unreachable", || ready(gw).contains("limit store unreachable"));
+    }
+    // Both keep serving, at their share of the budget; `deny` refuses instead.
+    for _ in 0..5 {
+        for gw in [&a, &b] {
+            let (_s, head) = connect(gw.addr, &format!("origin.test:{port}"));
+            assert_eq!(raw::status(&head), 200, "{head}");
+        }
+    }
+    let (_s, head) = connect(strict.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 429, "{head}");
+    assert_eq!(header(&head, "x-egress-budget"), Some("limits.store"));
+    let warned = a.wait_for_log(Duration::from_secs(5), |v| v["target"] == "egress_gateway::budget::store");
+    assert!(warned["msg"].as_str().unwrap().contains("limit store unreachable"), "{warned}");
+
+    // Redis returns (empty: it kept nothing): the counts spent meanwhile are handed over.
+    redis.restart();
+    for gw in [&a, &b, &strict] {
+        poll("readyz to report the store back", || ready(gw) == "ready\n");
+    }
+    // Ten requests spent while it was away; the strict instance's refusal spent nothing.
+    poll("the outage's counts in Redis", || redis.reply(&format!("GET {key}")).as_deref() == Some("$2\r\n10\r\n"));
+    let (_s, head) = connect(strict.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "{head}");
+}
