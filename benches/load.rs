@@ -15,7 +15,9 @@
 //! taken within one round, so a slow minute on a shared machine moves one round only.
 //!
 //! Environment: LOAD_SECONDS (per rate phase, default 5), LOAD_IDLE_TUNNELS (5000),
-//! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway,squid,tinyproxy,relay,direct),
+//! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway, gateway-budget
+//! (a budget on the policy, counted locally), gateway-redis (the same counted in a
+//! `redis-server` the bench starts), squid, tinyproxy, relay, direct),
 //! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU),
 //! LOAD_PROXY_CPUS and LOAD_CLIENT_CPUS (`taskset` CPU lists for the proxies and for
 //! this process, the load generator and origins; unset: no pinning).
@@ -65,7 +67,8 @@ fn main() {
     let secs = Duration::from_secs(env_u64("LOAD_SECONDS", 5));
     let idle_n = env_u64("LOAD_IDLE_TUNNELS", 5000) as usize;
     let stream_bytes = env_u64("LOAD_STREAM_MIB", 1024) << 20;
-    let only = std::env::var("LOAD_ONLY").unwrap_or_else(|_| "gateway,squid,tinyproxy,relay,direct".into());
+    let only = std::env::var("LOAD_ONLY")
+        .unwrap_or_else(|_| "gateway,gateway-budget,gateway-redis,squid,tinyproxy,relay,direct".into());
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let origins = rt.block_on(origin::Origins::start(stream_bytes));
@@ -75,7 +78,7 @@ fn main() {
     let work = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
 
     let rounds = env_u64("LOAD_ROUNDS", 3).max(1);
-    let names: Vec<&str> = ["gateway", "squid", "tinyproxy", "relay", "direct"]
+    let names: Vec<&str> = ["gateway", "gateway-budget", "gateway-redis", "squid", "tinyproxy", "relay", "direct"]
         .into_iter()
         .filter(|n| only.split(',').any(|o| o == *n))
         .collect();
@@ -84,6 +87,8 @@ fn main() {
         for (name, rows) in names.iter().zip(&mut runs) {
             let proxy = match *name {
                 "gateway" => Proxy::gateway(work.path(), &origins),
+                "gateway-budget" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Local),
+                "gateway-redis" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Redis),
                 "squid" => Proxy::squid(work.path(), &origins),
                 "tinyproxy" => Proxy::tinyproxy(work.path(), &origins),
                 "relay" => Proxy::relay(work.path(), &origins),
@@ -243,7 +248,7 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         ("idle memory", |r| r.idle_kib),
         ("CPU/GiB", |r| r.cpu_per_gib),
     ];
-    for (name, peer) in runs.iter().filter(|(n, _)| *n != "gateway") {
+    for (name, peer) in runs.iter().filter(|(n, _)| !n.starts_with("gateway")) {
         let mut parts = Vec::new();
         for (label, get) in &metrics {
             let ratios: Vec<f64> = gw
@@ -261,5 +266,24 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
             parts.push(format!("{label} {:.2}x{range}", median(ratios)));
         }
         println!("  vs {name}: {}", parts.join(", "));
+    }
+    // What budgets cost: the gateway with them against without, within each round.
+    let costs: [(&str, Metric); 3] =
+        [("CPU/setup", |r| r.cpu_per_setup), ("CPU/request", |r| r.cpu_per_request), ("CPU/GiB", |r| r.cpu_per_gib)];
+    for (name, with) in runs.iter().filter(|(n, _)| n.starts_with("gateway-")) {
+        let parts: Vec<String> = costs
+            .iter()
+            .filter_map(|(label, get)| {
+                let ratios: Vec<f64> = with
+                    .iter()
+                    .zip(gw)
+                    .filter_map(|(w, g)| Some((get(w)?, get(g)?)))
+                    .filter(|(_, g)| *g > 0.0)
+                    .map(|(w, g)| w / g)
+                    .collect();
+                (!ratios.is_empty()).then(|| format!("{label} {:.2}x", median(ratios)))
+            })
+            .collect();
+        println!("  {name} against gateway (budgets off): {}", parts.join(", "));
     }
 }

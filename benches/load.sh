@@ -4,15 +4,15 @@
 # on loopback. Prints a markdown table and the gateway's ratios. See benches/load.rs
 # for what is measured.
 #
-#   bash benches/load.sh                     # 3 rounds, about 5.5 minutes
+#   bash benches/load.sh                     # 3 rounds, about 8 minutes
 #   LOAD_ROUNDS=1 LOAD_SECONDS=3 LOAD_ONLY=gateway,direct bash benches/load.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for t in squid tinyproxy wrk openssl; do command -v "$t" >/dev/null || missing+=("$t"); done
+for t in squid tinyproxy wrk openssl redis-server; do command -v "$t" >/dev/null || missing+=("$t"); done
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid tinyproxy wrk openssl >/dev/null
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid tinyproxy wrk openssl redis-server >/dev/null
 fi
 # Squid and tinyproxy are started by the bench itself; stop any packaged instances.
 pkill -x squid 2>/dev/null || true

@@ -324,8 +324,13 @@ impl Redis {
     }
 
     fn restart(&mut self) {
+        self.restart_with(&[]);
+    }
+
+    fn restart_with(&mut self, extra: &[&str]) {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "no"])
+            .args(extra)
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -334,7 +339,8 @@ impl Redis {
             .expect("redis-server (apt install redis-server)");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.command("PING").as_deref() != Some("+PONG") {
+        // With a password, PING answers NOAUTH: still up.
+        while !self.command("PING").is_some_and(|l| l == "+PONG" || l.starts_with("-NOAUTH")) {
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -360,6 +366,25 @@ impl Redis {
         let mut buf = [0u8; 512];
         let n = s.read(&mut buf).ok()?;
         Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    /// Inline commands; the first `lines` reply lines (reading for up to 2 s).
+    fn reply_all(&self, cmds: &str, lines: usize) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
+        s.write_all(format!("{cmds}\r\n").as_bytes()).ok()?;
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut buf = [0u8; 512];
+        while got.iter().filter(|&&b| b == b'\n').count() < lines && Instant::now() < deadline {
+            if let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        Some(String::from_utf8_lossy(&got).into_owned())
     }
 
     fn url(&self) -> String {
@@ -520,4 +545,46 @@ fn without_redis_both_instances_count_locally_and_reconcile_when_it_returns() {
     poll("the outage's counts in Redis", || redis.reply(&format!("GET {key}")).as_deref() == Some("$2\r\n10\r\n"));
     let (_s, head) = connect(strict.addr, &format!("origin.test:{port}"));
     assert_eq!(raw::status(&head), 200, "{head}");
+}
+
+#[test]
+fn redis_auth_comes_from_the_password_file_and_is_never_logged() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut redis = Redis { port, child: None, dir: tempfile::tempdir().unwrap() };
+    let password = "s3cret-redis-password-4711";
+    redis.restart_with(&["--requirepass", password]);
+    // The file is read at start-up. With the wrong password the instance counts
+    // locally and says so; with the right one it syncs.
+    for (pass, healthy) in [("not-the-password", false), (password, true)] {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("policy")).unwrap();
+        std::fs::write(d.path().join("policy/test.toml"), policy("[policies.budgeted.budget]\nrequests = 100\n"))
+            .unwrap();
+        std::fs::write(d.path().join("redis.pass"), format!("{pass}\n")).unwrap();
+        let config = format!(
+            "[log]\nformat = \"json\"\n[policy]\ndir = \"policy\"\nwatch_interval = \"0s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}\nredis_password_file = \"redis.pass\"\n",
+            shared_config(&redis, "")
+        );
+        std::fs::write(d.path().join("gateway.toml"), config).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(d.path().join("gateway.toml"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.path().join("stderr.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let log = || std::fs::read_to_string(d.path().join("stderr.log")).unwrap_or_default();
+        if healthy {
+            poll("the instance's heartbeat in Redis", || {
+                redis
+                    .reply_all(&format!("AUTH {password}\r\nZCARD egress:v1:instances"), 2)
+                    .is_some_and(|r| r.ends_with(":1\r\n"))
+            });
+        } else {
+            poll("the refused AUTH to be logged", || log().contains("limit store unreachable"));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!log().contains(password), "the Redis password is in the log: {}", log());
+    }
 }

@@ -19,6 +19,50 @@ pub struct Proxy {
     /// The proxy password the clients send: `TOKEN`, or the gateway's signed token.
     secret: String,
     child: Option<Child>,
+    /// A service the proxy needs (the gateway's Redis), not counted as the proxy's.
+    service: Option<Child>,
+}
+
+/// Which gateway: as configured for the peers' job, or with an egress budget on its
+/// policy counted locally or in Redis (`redis-server` started for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budgets {
+    Off,
+    Local,
+    Redis,
+}
+
+/// A `redis-server` on a free loopback port, answering PING.
+#[allow(clippy::zombie_processes, reason = "returned to the Proxy, which kills and waits for it on drop")]
+fn redis_server(d: &Path) -> (Child, u16) {
+    let port = free_port();
+    let mut child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(d)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (benches/load.sh installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        use std::io::{Read, Write};
+        let pong = TcpStream::connect(("127.0.0.1", port)).ok().and_then(|mut s| {
+            s.write_all(b"PING\r\n").ok()?;
+            let mut b = [0u8; 7];
+            s.read_exact(&mut b).ok()?;
+            Some(b == *b"+PONG\r\n")
+        });
+        if pong == Some(true) {
+            return (child, port);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("redis-server did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn free_port() -> u16 {
@@ -72,7 +116,7 @@ fn spawn(name: &'static str, cmd: &mut Command, port: u16, log: &Path) -> Proxy 
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err).spawn().unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_listening(addr, &mut child, log);
-    Proxy { name, addr: Some(addr), secret: TOKEN.into(), child: Some(child) }
+    Proxy { name, addr: Some(addr), secret: TOKEN.into(), child: Some(child), service: None }
 }
 
 /// With `LOAD_GATEWAY_TOKEN=hs256|eddsa`: a `[tokens]` section with one key of that
@@ -109,8 +153,26 @@ fn dir(work: &Path, name: &str) -> std::path::PathBuf {
 }
 
 impl Proxy {
-    pub fn gateway(work: &Path, _o: &super::origin::Origins) -> Proxy {
+    pub fn gateway(work: &Path, o: &super::origin::Origins) -> Proxy {
+        Proxy::gateway_with(work, o, Budgets::Off)
+    }
+
+    pub fn gateway_with(work: &Path, _o: &super::origin::Origins, budgets: Budgets) -> Proxy {
         let d = dir(work, "gateway");
+        // Budgets large enough never to refuse: what is measured is their counting.
+        let budget = match budgets {
+            Budgets::Off => "",
+            Budgets::Local | Budgets::Redis => {
+                "[policies.bench.budget]\nwindow = \"1h\"\nupload_bytes = \"1TiB\"\ndownload_bytes = \"1TiB\"\nrequests = 1000000000\nnew_hosts = 1000\n"
+            }
+        };
+        let (service, limits) = match budgets {
+            Budgets::Redis => {
+                let (child, port) = redis_server(&d);
+                (Some(child), format!("[limits]\nstore = \"redis://127.0.0.1:{port}/0\"\n"))
+            }
+            _ => (None, String::new()),
+        };
         std::fs::create_dir_all(d.join("policy")).unwrap();
         let port = free_port();
         let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
@@ -120,7 +182,7 @@ impl Proxy {
         std::fs::write(
             d.join("policy/bench.toml"),
             format!(
-                "[policies.bench]\nallow = [\"127.0.0.1:*\"]\n\n[[sandboxes]]\nid = \"{USER}\"\ntoken_sha256 = \"{hash}\"\npolicy = \"bench\"\n"
+                "[policies.bench]\nallow = [\"127.0.0.1:*\"]\n{budget}\n[[sandboxes]]\nid = \"{USER}\"\ntoken_sha256 = \"{hash}\"\npolicy = \"bench\"\n"
             ),
         )
         .unwrap();
@@ -146,13 +208,14 @@ nameservers = ["127.0.0.1:9"]
 hosts_file = false
 [egress]
 allow = ["127.0.0.1/32"]
-{tokens}"#
+{limits}{tokens}"#
             ),
         )
         .unwrap();
         let mut cmd = proxy_command(env!("CARGO_BIN_EXE_egress-gateway"));
         cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
         let mut proxy = spawn("gateway", &mut cmd, port, &d.join("gateway.log"));
+        proxy.service = service;
         if signed.is_some() {
             let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
                 .args(["token", "mint", "--config"])
@@ -245,12 +308,12 @@ DisableViaHeader Yes
     }
 
     pub fn direct() -> Proxy {
-        Proxy { name: "direct", addr: None, secret: TOKEN.into(), child: None }
+        Proxy { name: "direct", addr: None, secret: TOKEN.into(), child: None, service: None }
     }
 
     /// The same proxy's address without ownership of its process, for client tasks.
     pub fn handle(&self) -> Proxy {
-        Proxy { name: self.name, addr: self.addr, secret: self.secret.clone(), child: None }
+        Proxy { name: self.name, addr: self.addr, secret: self.secret.clone(), child: None, service: None }
     }
 
     pub fn is_proxy(&self) -> bool {
@@ -303,6 +366,10 @@ impl Drop for Proxy {
                 let _ = Command::new("kill").arg("-9").arg(p.to_string()).status();
             }
             let _ = child.wait();
+        }
+        if let Some(service) = &mut self.service {
+            let _ = service.kill();
+            let _ = service.wait();
         }
     }
 }
