@@ -482,6 +482,12 @@ impl Meter {
     }
 }
 
+impl std::fmt::Debug for Meter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meter").field("sandbox", &self.sandbox).field("why", &self.why.get()).finish_non_exhaustive()
+    }
+}
+
 impl Drop for Meter {
     fn drop(&mut self) {
         self.finish();
@@ -490,3 +496,89 @@ impl Drop for Meter {
 
 /// How long the sync waits for the store before it counts the store as down.
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::budget::HostBudget;
+
+    fn spec(limits: Limits, new_hosts: Option<u64>, hosts: Vec<HostBudget>) -> Arc<BudgetSpec> {
+        Arc::new(BudgetSpec { window: Duration::from_secs(3600), limits, new_hosts, hosts })
+    }
+
+    fn ask<'a>(spec: &'a Arc<BudgetSpec>, host: &'a str) -> Ask<'a> {
+        Ask { sandbox: "sb", spec: Some(spec), host: Some(host), route: None }
+    }
+
+    #[test]
+    fn a_refusal_spends_nothing() {
+        let b = Budgets::local();
+        let s = spec(Limits { requests: Some(3), ..Limits::default() }, Some(1), Vec::new());
+        assert!(b.admit(ask(&s, "a.example")).is_ok());
+        let e = b.admit(ask(&s, "b.example")).unwrap_err();
+        assert_eq!(e.budget, "new_hosts");
+        // Refused by new_hosts: the request was not counted, so two more fit.
+        assert!(b.admit(ask(&s, "a.example")).is_ok());
+        assert!(b.admit(ask(&s, "A.example.")).is_ok(), "the same host, spelled otherwise");
+        let e = b.admit(ask(&s, "a.example")).unwrap_err();
+        assert_eq!(e.budget, "requests");
+        assert!(e.retry_after >= 1 && e.retry_after <= 3600);
+    }
+
+    #[test]
+    fn meters_stop_at_the_limit_and_count_host_overrides_apart() {
+        let b = Budgets::local();
+        let host = HostBudget {
+            host: "*.s3.example".into(),
+            limits: Limits { upload_bytes: Some(BATCH * 2), ..Limits::default() },
+        };
+        let s = spec(Limits { upload_bytes: Some(BATCH * 8), ..Limits::default() }, None, vec![host]);
+        let m = b.admit(ask(&s, "bucket.s3.example")).unwrap().unwrap();
+        assert_eq!(m.add(Dir::Up, BATCH), Flow::Go);
+        assert_eq!(m.add(Dir::Down, BATCH * 100), Flow::Go, "no download budget");
+        assert_eq!(m.add(Dir::Up, BATCH), Flow::Stop);
+        assert_eq!(m.why().unwrap().budget, "hosts[*.s3.example].upload_bytes");
+        assert!(m.exhausted().is_cancelled());
+        // Other hosts still have the policy's budget (2 of 8 batches spent).
+        assert!(b.admit(ask(&s, "bucket.s3.example")).is_err());
+        let m = b.admit(ask(&s, "other.example")).unwrap().unwrap();
+        for _ in 0..5 {
+            assert_eq!(m.add(Dir::Up, BATCH), Flow::Go);
+        }
+        assert_eq!(m.add(Dir::Up, BATCH), Flow::Stop);
+        assert_eq!(m.why().unwrap().budget, "upload_bytes");
+    }
+
+    #[test]
+    fn small_amounts_are_reported_when_the_meter_finishes() {
+        let b = Budgets::local();
+        let s = spec(Limits { upload_bytes: Some(100), ..Limits::default() }, None, Vec::new());
+        let m = b.admit(ask(&s, "x.example")).unwrap().unwrap();
+        assert_eq!(m.add(Dir::Up, 99), Flow::Go, "below one batch: not reported yet");
+        drop(m);
+        let used = b.ledger().peek("sb", &What::Upload, Window::at(3600, unix_now())).unwrap().used();
+        assert_eq!(used, 99);
+    }
+
+    #[test]
+    fn a_shared_store_bounds_how_far_an_instance_runs_ahead() {
+        let b = Budgets::shared(false, FleetLimits::default());
+        let s = spec(Limits { requests: Some(1000), ..Limits::default() }, None, Vec::new());
+        // A lease of 62 requests ahead of the store, then "wait for it".
+        let admitted = (0..100).filter(|_| b.admit(ask(&s, "x.example")).is_ok()).count();
+        assert_eq!(admitted, 62);
+        let e = b.admit(ask(&s, "x.example")).unwrap_err();
+        assert_eq!(e.retry_after, 1);
+        assert!(e.hint.contains("shared store"), "{}", e.hint);
+        // The store is down and 4 instances were alive: a quarter of the budget each.
+        b.0.healthy.store(false, Ordering::Relaxed);
+        b.0.instances.store(4, Ordering::Relaxed);
+        let more = (0..1000).filter(|_| b.admit(ask(&s, "x.example")).is_ok()).count();
+        assert_eq!(admitted + more, 250);
+        // With on_store_error = "deny", nothing it covers is admitted.
+        let strict = Budgets::shared(true, FleetLimits { per_second: 10, ..FleetLimits::default() });
+        strict.0.healthy.store(false, Ordering::Relaxed);
+        let plain = Ask { sandbox: "sb", spec: None, host: Some("x.example"), route: None };
+        assert_eq!(strict.admit(plain).unwrap_err().budget, "limits.store");
+    }
+}
