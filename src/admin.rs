@@ -100,6 +100,7 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Respo
                 "in_flight": shared.tasks.len(),
                 "limit_store": if shared.budgets.is_shared() { "redis" } else { "local" },
                 "limit_store_healthy": shared.budgets.store_healthy(),
+                "limit_store_syncs": shared.budgets.syncs(),
             });
             reply(StatusCode::OK, "application/json", body.to_string())
         }

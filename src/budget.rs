@@ -81,6 +81,8 @@ struct Inner {
     healthy: AtomicBool,
     /// Instances the store last reported alive (1 until it reports).
     instances: AtomicU64,
+    /// Syncs that succeeded.
+    syncs: AtomicU64,
     deny_on_store_error: bool,
     fleet: FleetLimits,
     /// Wakes the sync early (half a lease spent).
@@ -115,6 +117,7 @@ impl Budgets {
             shared,
             healthy: AtomicBool::new(true),
             instances: AtomicU64::new(1),
+            syncs: AtomicU64::new(0),
             deny_on_store_error,
             fleet,
             wake: Notify::new(),
@@ -124,6 +127,11 @@ impl Budgets {
 
     pub fn is_shared(&self) -> bool {
         self.0.shared
+    }
+
+    /// Syncs with the shared store that succeeded so far.
+    pub fn syncs(&self) -> u64 {
+        self.0.syncs.load(Ordering::Relaxed)
     }
 
     /// False while the shared store does not answer.
@@ -262,6 +270,12 @@ impl Budgets {
             exhausted: CancellationToken::new(),
             why: OnceLock::new(),
         })))
+    }
+
+    /// Drops counters of windows that ended (the shared store's sync does this on
+    /// every round; a local store calls it now and then).
+    pub fn sweep(&self) {
+        self.ledger().sweep(unix_now());
     }
 
     /// Where the fleet's counts are read from for [`Budgets::spent`].

@@ -18,7 +18,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::budget::Dir;
 use crate::dial::{self, UpstreamAddr, VettingConnector};
-use crate::door::bodies::{Counting, LoggedBody};
+use crate::door::bodies::{Counting, LoggedBody, charge_head, request_line_len};
 use crate::door::headers::{is_upgrade, strip_hop_by_hop};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
@@ -88,6 +88,10 @@ pub async fn handle(
         Ok(a) => a.hold,
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };
+    let line = charge_head(&hold, Dir::Up, request_line_len(&req), req.headers());
+    if let Err(refusal) = line {
+        return door::refuse(&mut rec, refusal, Entry::Absolute);
+    }
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -122,6 +126,10 @@ pub async fn handle(
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     rec.status = resp.status().as_u16();
+    // The status line: `HTTP/1.1 200 OK\r\n` and a reason phrase.
+    if let Err(refusal) = charge_head(&hold, Dir::Down, 32, resp.headers()) {
+        return door::refuse(&mut rec, refusal, Entry::Absolute);
+    }
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade

@@ -207,6 +207,10 @@ impl Gateway {
                 transparent.push((bind("transparent http", a).await?, crate::transparent::Listener::Http));
             }
         }
+        let mut own: Vec<SocketAddr> = [proxy.local_addr(), admin.local_addr()].into_iter().flatten().collect();
+        own.extend(dns.as_ref().and_then(|d| d.local_addr().ok()));
+        own.extend(transparent.iter().filter_map(|(l, _)| l.local_addr().ok()));
+        shared.resolver.set_own_listeners(own);
         let limit_store = match &config.limits.store {
             crate::config::LimitStore::Redis { url, password } => Some(
                 crate::budget::store::Store::new(url, password.as_ref())
@@ -285,6 +289,18 @@ impl Gateway {
             shared.budgets.set_store(store.clone());
             let interval = shared.config.limits.sync_interval;
             tokio::spawn(crate::budget::store::run(shared.budgets.clone(), store, interval, store_stop.clone()));
+        }
+        if !shared.budgets.is_shared() {
+            let (budgets, stop) = (shared.budgets.clone(), store_stop.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(60));
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tick.tick() => budgets.sweep(),
+                    }
+                }
+            });
         }
         let _store_stop = store_stop.drop_guard();
 

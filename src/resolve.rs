@@ -57,6 +57,9 @@ pub struct Resolver {
     /// Set once at start-up (it reads the current policies): peer names resolve to
     /// the peer's claimed address, the one private address a peer rule may reach.
     peers: std::sync::OnceLock<PeerLookup>,
+    /// The gateway's own listeners (set once they are bound): never dialled, so a
+    /// sandbox allowed loopback cannot reach the admin listener through the gateway.
+    own: std::sync::OnceLock<Vec<SocketAddr>>,
     #[cfg(feature = "fuzzing")]
     recorder: Option<DialRecorder>,
     dns: TokioResolver,
@@ -120,6 +123,7 @@ impl Resolver {
         Ok(Resolver {
             hosts: cfg.hosts.clone(),
             peers: std::sync::OnceLock::new(),
+            own: std::sync::OnceLock::new(),
             #[cfg(feature = "fuzzing")]
             recorder: None,
             dns,
@@ -139,6 +143,11 @@ impl Resolver {
     /// Installs the peer lookup (once; later calls are ignored).
     pub fn set_peers(&self, lookup: PeerLookup) {
         let _ = self.peers.set(lookup);
+    }
+
+    /// The gateway's own listening addresses, which are never dialled.
+    pub fn set_own_listeners(&self, addrs: Vec<SocketAddr>) {
+        let _ = self.own.set(addrs);
     }
 
     pub fn filter(&self) -> &EgressFilter {
@@ -177,7 +186,15 @@ impl Resolver {
             return peer.map(|ip| vec![SocketAddr::new(ip, target.port)]).map_err(DialError::ResolveFailed);
         }
         let ips = self.resolve(&target.host).await?;
-        vet_all(&self.filter, &ips, target.port)
+        let mut addrs = vet_all(&self.filter, &ips, target.port)?;
+        if let Some(own) = self.own.get() {
+            let first = addrs.first().copied();
+            addrs.retain(|a| !is_own(own, *a));
+            if let (true, Some(a)) = (addrs.is_empty(), first) {
+                return Err(DialError::AddressDenied(AddressDenied { addr: a.ip(), net: ipnet::IpNet::from(a.ip()) }));
+            }
+        }
+        Ok(addrs)
     }
 
     /// Resolves (within `resolver.timeout`), vets, and connects to the first vetted
@@ -266,6 +283,17 @@ async fn race(addrs: Vec<SocketAddr>, deadline: Instant) -> Result<(TcpStream, S
     Err(DialError::Unreachable(last_err.unwrap_or_else(|| io::Error::other("no address"))))
 }
 
+/// Whether `addr` reaches one of the gateway's own listeners `own`: the same port at the
+/// listener's address, or on loopback when it listens on loopback or every address.
+pub fn is_own(own: &[SocketAddr], addr: SocketAddr) -> bool {
+    own.iter().any(|l| {
+        l.port() == addr.port()
+            && (l.ip() == addr.ip()
+                || (addr.ip().is_loopback() && (l.ip().is_loopback() || l.ip().is_unspecified()))
+                || (l.ip().is_unspecified() && addr.ip().is_unspecified()))
+    })
+}
+
 /// Vets every address; an empty result names the first refused one.
 pub fn vet_all(filter: &EgressFilter, ips: &[IpAddr], port: u16) -> Result<Vec<SocketAddr>, DialError> {
     let mut first_denied = None;
@@ -288,6 +316,21 @@ pub fn vet_all(filter: &EgressFilter, ips: &[IpAddr], port: u16) -> Result<Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gateways_own_listeners_are_never_dialled() {
+        let own: Vec<SocketAddr> = vec![
+            "127.0.0.1:9090".parse().unwrap_or_else(|e| panic!("{e}")),
+            "0.0.0.0:4002".parse().unwrap_or_else(|e| panic!("{e}")),
+        ];
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap_or_else(|e| panic!("{e}"));
+        assert!(is_own(&own, a("127.0.0.1:9090")));
+        assert!(is_own(&own, a("127.0.0.2:9090")), "refused on any loopback address, to be safe");
+        assert!(is_own(&own, a("127.0.0.1:4002")));
+        assert!(is_own(&own, a("[::1]:4002")));
+        assert!(!is_own(&own, a("127.0.0.1:8080")));
+        assert!(!is_own(&own, a("192.0.2.1:9090")));
+    }
 
     #[test]
     fn happy_eyeballs_order_starts_with_ipv6_and_alternates() {

@@ -113,6 +113,11 @@ pub async fn handle(
         Ok(a) => a.hold,
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
+    let head =
+        crate::door::bodies::charge_head(&hold, Dir::Up, crate::door::bodies::request_line_len(&req), req.headers());
+    if let Err(refusal) = head {
+        return door::refuse(&mut rec, refusal, entry);
+    }
     let Some(secret) = state.route_secrets.get(&route.name) else {
         return finish(
             &mut rec,

@@ -13,13 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use support::gateway::{TestGateway, basic};
+use support::origin::TestOrigin;
 use support::raw;
 use support::{STANDARD_CONFIG, TOKEN_A, sha256_hex};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
 /// What a tunnel may move past a spent byte budget before the gateway sees it: one
-/// report batch (64 KiB) and a chunk in flight each way.
+/// report batch (64 KiB) and the chunks in flight (up to 256 KiB each; docs/budgets.md).
 const TUNNEL_SLACK: u64 = 64 * KIB + 512 * KIB;
 
 /// A TCP server that counts every byte it receives; a connection that starts with
@@ -587,4 +588,69 @@ fn redis_auth_comes_from_the_password_file_and_is_never_logged() {
         let _ = child.wait();
         assert!(!log().contains(password), "the Redis password is in the log: {}", log());
     }
+}
+
+#[test]
+fn headers_count_against_byte_budgets_and_the_gateway_is_not_a_destination() {
+    clear_of_the_hour();
+    let origin = TestOrigin::http();
+    let gw = TestGateway::start(STANDARD_CONFIG, &policy("[policies.budgeted.budget]\nupload_bytes = \"32KiB\"\n"));
+    let auth = basic("sbx-a", TOKEN_A);
+    let padding = "p".repeat(6000);
+    // Forwarded requests without bodies: 6 KB of headers each spend the budget.
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let req = format!(
+            "GET http://origin.test:{}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\nX-Pad: {padding}\r\nConnection: close\r\n\r\n",
+            origin.addr.port()
+        );
+        let resp = raw::request(gw.addr, req);
+        statuses.push(raw::status(&resp));
+        if raw::status(&resp) == 429 {
+            assert_eq!(header(&resp, "x-egress-budget"), Some("upload_bytes"), "{resp}");
+        }
+    }
+    let ok = statuses.iter().filter(|&&s| s == 200).count();
+    assert!((5..=6).contains(&ok), "32 KiB of 6 KB heads: {statuses:?}");
+    assert!(statuses.ends_with(&[429, 429]), "{statuses:?}");
+
+    // The admin listener is on loopback, which this config lets sandboxes reach: the
+    // gateway still never dials its own listeners.
+    let gw = TestGateway::start(STANDARD_CONFIG, &policy(""));
+    for own in [gw.admin_addr(), gw.addr] {
+        let (_s, head) = connect(gw.addr, &own.to_string());
+        assert_eq!(raw::status(&head), 403, "{own}: {head}");
+        assert_eq!(header(&head, "x-egress-deny-reason"), Some("address_denied"), "{head}");
+    }
+}
+
+#[test]
+fn a_host_another_instance_counted_stays_allowed() {
+    clear_of_the_hour();
+    let redis = Redis::start();
+    let sink = ByteSink::start();
+    let port = sink.addr.port();
+    let rules = "[policies.budgeted.budget]\nnew_hosts = 2\n";
+    let a = TestGateway::start(&shared_config(&redis, ""), &policy(rules));
+    let b = TestGateway::start(&shared_config(&redis, ""), &policy(rules));
+    for host in ["origin.test", "a.deep.wild.test"] {
+        assert_eq!(raw::status(&connect(a.addr, &format!("{host}:{port}")).1), 200);
+    }
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let key = format!("egress:v1:sbx-a:new_hosts:3600:{}", now / 3600);
+    poll("both hosts in Redis", || redis.command(&format!("SCARD {key}")).as_deref() == Some(":2"));
+    // B counts one of them, then syncs (twice, so one sync started after it): it now
+    // knows the fleet has two hosts, and which. The other one stays allowed there,
+    // a third is refused.
+    assert_eq!(raw::status(&connect(b.addr, &format!("origin.test:{port}")).1), 200);
+    let syncs = || {
+        let v: serde_json::Value = serde_json::from_str(&admin_get(b.admin_addr(), "/v1/status").1).unwrap();
+        v["limit_store_syncs"].as_u64().unwrap()
+    };
+    let start = syncs();
+    poll("two syncs of B", || syncs() >= start + 2);
+    let (_s, head) = connect(b.addr, &format!("b-only.test:{port}"));
+    assert_eq!(header(&head, "x-egress-budget"), Some("new_hosts"), "{head}");
+    let (_s, head) = connect(b.addr, &format!("a.deep.wild.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "a host the fleet counted: {head}");
 }

@@ -193,6 +193,8 @@ impl HostSet {
 pub struct Ledger {
     pub counters: HashMap<(Arc<str>, What), Counter>,
     pub hosts: HashMap<Arc<str>, HostSet>,
+    /// When the table was last pruned for room (at most once a second).
+    pruned: Option<Instant>,
 }
 
 impl Ledger {
@@ -240,9 +242,12 @@ impl Ledger {
     }
 
     fn make_room(&mut self, now: Instant) {
-        if self.counters.len() + self.hosts.len() < MAX_ENTRIES {
+        if self.counters.len() + self.hosts.len() < MAX_ENTRIES
+            || self.pruned.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1))
+        {
             return;
         }
+        self.pruned = Some(now);
         // Idle longest first: drop what was not used in the last minute, then anything
         // with nothing pending.
         let minute = std::time::Duration::from_secs(60);

@@ -25,6 +25,8 @@ const PREFIX: &str = "egress:v1";
 /// Counters not used for this long are no longer refreshed (they are dropped at the
 /// end of their window).
 const REFRESH_IDLE: Duration = Duration::from_secs(10);
+/// The least time between two syncs, however often half a lease is spent.
+const MIN_GAP: Duration = Duration::from_millis(20);
 
 fn counter_key(sandbox: &str, what: &What, w: Window) -> String {
     format!("{PREFIX}:{sandbox}:{what}:{}:{}", w.secs, w.index)
@@ -142,6 +144,13 @@ pub async fn run(budgets: Budgets, store: Arc<Store>, interval: Duration, stop: 
         budgets.0.healthy.store(was_healthy, Ordering::Relaxed);
         ::metrics::gauge!(STORE_UP).set(if was_healthy { 1.0 } else { 0.0 });
         let pause = if was_healthy { interval } else { interval.max(Duration::from_millis(500)) };
+        // Early wakes are spaced out: a busy sandbox must not turn the sync into a loop.
+        let gap = MIN_GAP.min(pause);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(gap) => {}
+        }
+        let pause = pause - gap;
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
@@ -195,7 +204,10 @@ async fn sync_once(budgets: &Budgets, store: &Store, instance: &str, interval: D
                 if !f.hosts.is_empty() {
                     pipe.cmd("SADD").arg(&key).arg(f.hosts.iter().map(|h| &**h).collect::<Vec<&str>>()).ignore();
                 }
-                pipe.cmd("SCARD").arg(&key);
+                // The members, not just their count: a host another instance counted
+                // stays allowed here (the set is bounded by the budget, plus a lease
+                // per instance).
+                pipe.cmd("SMEMBERS").arg(&key);
                 pipe.cmd("EXPIRE").arg(&key).arg(ttl).ignore();
             }
         }
@@ -244,23 +256,28 @@ async fn sync_once(budgets: &Budgets, store: &Store, instance: &str, interval: D
         }
     };
     for (f, v) in flushes.into_iter().zip(&values) {
-        let total: u64 = redis::from_redis_value_ref(v).unwrap_or(0);
         match f.what {
             Some(what) => {
+                let total: u64 = redis::from_redis_value_ref(v).unwrap_or(0);
                 if let Some(c) = ledger.counters.get_mut(&(f.sandbox, what)).filter(|c| c.window == f.window) {
                     c.flushing = c.flushing.saturating_sub(f.amount);
                     c.fleet = total;
                 }
             }
             None => {
+                let members: Vec<String> = redis::from_redis_value_ref(v).unwrap_or_default();
                 if let Some(s) = ledger.hosts.get_mut(&f.sandbox).filter(|s| s.window == f.window) {
                     s.flushing.clear();
-                    s.fleet = total;
+                    s.fleet = members.len() as u64;
+                    // Known to the fleet: counted there, so not pending here.
+                    s.pending.retain(|h| !members.iter().any(|m| m == &**h));
+                    s.seen.extend(members.into_iter().map(String::into_boxed_str));
                 }
             }
         }
     }
     let alive: u64 = values.last().and_then(|v| redis::from_redis_value_ref(v).ok()).unwrap_or(1);
     budgets.0.instances.store(alive.max(1), Ordering::Relaxed);
+    budgets.0.syncs.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

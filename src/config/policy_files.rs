@@ -109,6 +109,9 @@ fn compile_budget(raw: &RawBudget) -> Result<BudgetSpec, (String, String)> {
             requests,
         })
     };
+    if raw.new_hosts.is_some_and(|n| n > budget::MAX_NEW_HOSTS) {
+        return Err(("new_hosts".into(), format!("expected at most {} distinct hosts", budget::MAX_NEW_HOSTS)));
+    }
     if raw.hosts.len() > budget::MAX_HOST_OVERRIDES {
         return Err(("hosts".into(), format!("expected at most {} host overrides", budget::MAX_HOST_OVERRIDES)));
     }

@@ -91,17 +91,20 @@ pub fn authorize_as(
         Ok(p) => p,
         Err(e) => return Err(Refusal::new(DenyReason::LimitExceeded, e.to_string())),
     };
-    let ip_host = match &subject {
-        Subject::Host(t) if t.host.as_name().is_none() => Some(t.host.to_string()),
-        _ => None,
-    };
-    let meter = match door.budgets.admit(budget_ask(&identity, &subject, ip_host.as_deref())) {
-        Ok(m) => m,
-        Err(spent) => return Err(Refusal::budget(spent)),
-    };
     if !conn.authorized(&identity.sandbox) {
         return Err(Refusal::new(DenyReason::LimitExceeded, SANDBOX_CONNECTIONS_HINT));
     }
+    // Budgets count what is dialled: a refusal above spends nothing. Hosts by name: an
+    // IP literal as written, a peer as `ID.SUFFIX` (what per-host overrides match).
+    let host = match &subject {
+        Subject::Host(t) if t.host.as_name().is_none() => Some(t.host.to_string()),
+        Subject::Peer { sandbox, .. } => Some(format!("{sandbox}.{}", state.policies.peer_suffix)),
+        _ => None,
+    };
+    let meter = match door.budgets.admit(budget_ask(&identity, &subject, host.as_deref())) {
+        Ok(m) => m,
+        Err(spent) => return Err(Refusal::budget(spent)),
+    };
     // Registered before any I/O on its behalf (a dial, a body read): a sweep while the
     // client stretches those ends it like any open connection.
     let registration = door.registry.register(&identity, subject, door.hard_stop.child_token());
@@ -117,10 +120,10 @@ pub fn authorize_as(
 
 /// What a request asks of its sandbox's budgets: the host it contacts (a peer by its
 /// name), or the route it uses.
-fn budget_ask<'a>(identity: &'a Identity, subject: &'a Subject, ip: Option<&'a str>) -> crate::budget::Ask<'a> {
+fn budget_ask<'a>(identity: &'a Identity, subject: &'a Subject, named: Option<&'a str>) -> crate::budget::Ask<'a> {
     let (host, route) = match subject {
-        Subject::Host(t) => (t.host.as_name().or(ip), None),
-        Subject::Peer { sandbox, .. } => (Some(sandbox.as_str()), None),
+        Subject::Host(t) => (t.host.as_name().or(named), None),
+        Subject::Peer { .. } => (named, None),
         Subject::Route { route, .. } => (None, Some(route.as_str())),
         Subject::Git { .. } => (None, None),
     };

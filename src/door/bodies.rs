@@ -14,6 +14,36 @@ use super::BoxError;
 use super::registry::Hold;
 use crate::access_log::AccessRecord;
 
+/// Counts a request or response head (its first line, `line` bytes, and its header
+/// fields as sent) against the request's byte budgets: headers can carry as much as a
+/// body. Refused when a budget is spent (a head never waits on the shared store: it is
+/// at most `proxy.max_header_bytes`).
+pub fn charge_head(
+    hold: &Hold,
+    dir: crate::budget::Dir,
+    line: usize,
+    headers: &http::HeaderMap,
+) -> Result<(), super::Refusal> {
+    let Some(meter) = hold.meter() else { return Ok(()) };
+    let fields: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    match meter.add(dir, (line + fields + 2) as u64) {
+        crate::budget::Flow::Stop => {
+            let spent = meter.why().cloned().unwrap_or_else(|| crate::budget::Exhausted {
+                budget: "upload_bytes".into(),
+                retry_after: 1,
+                hint: "a byte budget is spent".into(),
+            });
+            Err(super::Refusal::budget(spent))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The length of a request line: `METHOD TARGET HTTP/1.1\r\n`.
+pub fn request_line_len<B>(req: &http::Request<B>) -> usize {
+    req.method().as_str().len() + req.uri().path_and_query().map_or(1, |p| p.as_str().len()) + 12
+}
+
 /// Counts data bytes into a shared counter.
 pub struct Counting<B> {
     inner: B,

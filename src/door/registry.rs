@@ -264,12 +264,21 @@ pub struct Revocable<B> {
     /// Dropped with the last body of the request, which unregisters it.
     hold: Arc<Hold>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// A frame held back while this instance waits for the shared budget store (it
+    /// spent its lease), and the wait: true once it may go on.
+    held: Option<http_body::Frame<bytes::Bytes>>,
+    waiting: Option<Pin<Box<dyn Future<Output = bool> + Send>>>,
 }
 
 impl<B> Revocable<B> {
     pub fn new(inner: B, hold: Arc<Hold>, dir: crate::budget::Dir) -> Self {
         let cancelled = Box::pin(hold.registration.cancel.clone().cancelled_owned());
-        Revocable { inner, dir, hold, cancelled }
+        Revocable { inner, dir, hold, cancelled, held: None, waiting: None }
+    }
+
+    fn spent(&self) -> super::BoxError {
+        let spent = self.hold.meter().and_then(|m| m.why()).map_or("a byte budget", |e| e.budget.as_str());
+        format!("ended: the sandbox spent its budget {spent}").into()
     }
 }
 
@@ -288,20 +297,31 @@ where
         if self.cancelled.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Err("connection ended: its credential or policy no longer allows it".into())));
         }
-        let polled = Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(data) = frame.data_ref()
-            && let Some(meter) = self.hold.meter()
-            && meter.add(self.dir, data.len() as u64) == crate::budget::Flow::Stop
-        {
-            let spent = meter.why().map_or("a byte budget", |e| e.budget.as_str());
-            return Poll::Ready(Some(Err(format!("ended: the sandbox spent its budget {spent}").into())));
+        if let Some(waiting) = self.waiting.as_mut() {
+            let go = std::task::ready!(waiting.as_mut().poll(cx));
+            self.waiting = None;
+            let frame = self.held.take();
+            return Poll::Ready(if go { frame.map(Ok) } else { Some(Err(self.spent())) });
         }
-        polled
+        let polled = Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into);
+        let Poll::Ready(Some(Ok(frame))) = polled else { return polled };
+        let (Some(data), Some(meter)) = (frame.data_ref(), self.hold.meter()) else {
+            return Poll::Ready(Some(Ok(frame)));
+        };
+        match meter.add(self.dir, data.len() as u64) {
+            crate::budget::Flow::Go => Poll::Ready(Some(Ok(frame))),
+            crate::budget::Flow::Stop => Poll::Ready(Some(Err(self.spent()))),
+            crate::budget::Flow::Wait => {
+                let (meter, dir) = (meter.clone(), self.dir);
+                self.held = Some(frame);
+                self.waiting = Some(Box::pin(async move { meter.room(dir).await }));
+                self.poll_frame(cx)
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.held.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

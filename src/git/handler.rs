@@ -106,6 +106,11 @@ pub async fn handle(
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
     let (identity, hold) = (authorized.identity, authorized.hold);
+    let head =
+        crate::door::bodies::charge_head(&hold, Dir::Up, crate::door::bodies::request_line_len(&req), req.headers());
+    if let Err(refusal) = head {
+        return door::refuse(&mut rec, refusal, entry);
+    }
 
     let (parts, body) = req.into_parts();
     let idle = gh.idle_timeout;

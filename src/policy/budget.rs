@@ -6,6 +6,8 @@ use std::time::Duration;
 
 /// Most per-host overrides in one budget: each is a counter per sandbox.
 pub const MAX_HOST_OVERRIDES: usize = 64;
+/// Largest `new_hosts`: each instance keeps the fleet's hosts of the window in memory.
+pub const MAX_NEW_HOSTS: u64 = 100_000;
 
 /// One policy's budget. Every limit is optional; `None` is unlimited.
 #[derive(Debug, Clone, PartialEq, Eq)]
