@@ -267,6 +267,42 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         }
         println!("  vs {name}: {}", parts.join(", "));
     }
+    // #23's targets, each a ratio within one round (median over the rounds).
+    let ratio = |get: Metric, of: &[Row], to: &[Row]| -> Option<f64> {
+        let r: Vec<f64> = of
+            .iter()
+            .zip(to)
+            .filter_map(|(a, b)| Some((get(a)?, get(b)?)))
+            .filter(|(_, b)| *b > 0.0)
+            .map(|(a, b)| a / b)
+            .collect();
+        (!r.is_empty()).then(|| median(r))
+    };
+    let peer = |name: &str| runs.iter().find(|(n, _)| *n == name).map(|(_, r)| r.as_slice());
+    let targets: [(&str, Metric, &str, f64); 5] = [
+        ("CPU per CONNECT setup", |r| r.cpu_per_setup, "relay", 1.05),
+        ("CPU per CONNECT setup", |r| r.cpu_per_setup, "squid", 0.5),
+        ("CPU per keep-alive request", |r| r.cpu_per_request, "squid", 0.3),
+        ("CPU per GiB relayed", |r| r.cpu_per_gib, "relay", 1.05),
+        ("KiB per idle tunnel", |r| r.idle_kib, "", 4.0),
+    ];
+    println!();
+    println!("targets (#23):");
+    for (what, get, against, target) in targets {
+        let got = if against.is_empty() {
+            median_row(gw).idle_kib.map(|k| (k, format!("{k:.1} KiB")))
+        } else {
+            peer(against).and_then(|p| ratio(get, gw, p)).map(|r| (r, format!("{r:.2}x {against}")))
+        };
+        let unit = if against.is_empty() { " KiB".to_string() } else { format!("x {against}") };
+        match got {
+            Some((v, shown)) => {
+                let verdict = if v <= target { "met" } else { "missed" };
+                println!("  {what}: {shown} (target at most {target}{unit}): {verdict}");
+            }
+            None => println!("  {what}: not measured in this run (target at most {target}{unit})"),
+        }
+    }
     // What budgets cost: the gateway with them against without, within each round.
     let costs: [(&str, Metric); 3] =
         [("CPU/setup", |r| r.cpu_per_setup), ("CPU/request", |r| r.cpu_per_request), ("CPU/GiB", |r| r.cpu_per_gib)];
