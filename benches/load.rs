@@ -157,6 +157,16 @@ fn cpu_per_op(p: &Proxy, before: Option<f64>, ops: u64) -> Option<f64> {
     (ops > 0).then(|| used * 1e6 / ops as f64)
 }
 
+/// `get(of) / get(to)` within each round, where both have the figure.
+fn round_ratios(get: fn(&Row) -> Option<f64>, of: &[Row], to: &[Row]) -> Vec<f64> {
+    of.iter()
+        .zip(to)
+        .filter_map(|(a, b)| Some((get(a)?, get(b)?)))
+        .filter(|(_, b)| *b > 0.0)
+        .map(|(a, b)| a / b)
+        .collect()
+}
+
 /// The median of `values` (the upper one of an even count; 0 for none).
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -251,13 +261,7 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
     for (name, peer) in runs.iter().filter(|(n, _)| !n.starts_with("gateway")) {
         let mut parts = Vec::new();
         for (label, get) in &metrics {
-            let ratios: Vec<f64> = gw
-                .iter()
-                .zip(peer)
-                .filter_map(|(g, p)| Some((get(g)?, get(p)?)))
-                .filter(|(_, p)| *p > 0.0)
-                .map(|(g, p)| g / p)
-                .collect();
+            let ratios = round_ratios(*get, gw, peer);
             if ratios.is_empty() {
                 continue;
             }
@@ -269,13 +273,7 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
     }
     // #23's targets, each a ratio within one round (median over the rounds).
     let ratio = |get: Metric, of: &[Row], to: &[Row]| -> Option<f64> {
-        let r: Vec<f64> = of
-            .iter()
-            .zip(to)
-            .filter_map(|(a, b)| Some((get(a)?, get(b)?)))
-            .filter(|(_, b)| *b > 0.0)
-            .map(|(a, b)| a / b)
-            .collect();
+        let r = round_ratios(get, of, to);
         (!r.is_empty()).then(|| median(r))
     };
     let peer = |name: &str| runs.iter().find(|(n, _)| *n == name).map(|(_, r)| r.as_slice());
@@ -307,19 +305,8 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
     let costs: [(&str, Metric); 3] =
         [("CPU/setup", |r| r.cpu_per_setup), ("CPU/request", |r| r.cpu_per_request), ("CPU/GiB", |r| r.cpu_per_gib)];
     for (name, with) in runs.iter().filter(|(n, _)| n.starts_with("gateway-")) {
-        let parts: Vec<String> = costs
-            .iter()
-            .filter_map(|(label, get)| {
-                let ratios: Vec<f64> = with
-                    .iter()
-                    .zip(gw)
-                    .filter_map(|(w, g)| Some((get(w)?, get(g)?)))
-                    .filter(|(_, g)| *g > 0.0)
-                    .map(|(w, g)| w / g)
-                    .collect();
-                (!ratios.is_empty()).then(|| format!("{label} {:.2}x", median(ratios)))
-            })
-            .collect();
+        let parts: Vec<String> =
+            costs.iter().filter_map(|(label, get)| ratio(*get, with, gw).map(|r| format!("{label} {r:.2}x"))).collect();
         println!("  {name} against gateway (budgets off): {}", parts.join(", "));
     }
 }
