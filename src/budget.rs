@@ -54,6 +54,10 @@ fn exhausted(what: &dyn std::fmt::Display, c: &ledger::Counter, unix_now: u64) -
     }
 }
 
+/// This instance's open tunnels and in-flight requests per sandbox (those with any),
+/// for the fleet-wide `proxy.sandbox_max_concurrent`.
+pub type ActiveSource = Box<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+
 /// Shared-store limits that are not a policy's budget.
 #[derive(Debug, Default, Clone)]
 pub struct FleetLimits {
@@ -83,6 +87,12 @@ struct Inner {
     instances: AtomicU64,
     /// Syncs that succeeded.
     syncs: AtomicU64,
+    /// What this instance holds open per sandbox (set once by the gateway).
+    active_source: OnceLock<ActiveSource>,
+    /// What the other live instances held open per sandbox at the last sync.
+    others_active: Mutex<std::collections::HashMap<String, u64>>,
+    /// The other live instances at the last sync.
+    peers: Mutex<Vec<String>>,
     deny_on_store_error: bool,
     fleet: FleetLimits,
     /// Wakes the sync early (half a lease spent).
@@ -118,6 +128,9 @@ impl Budgets {
             healthy: AtomicBool::new(true),
             instances: AtomicU64::new(1),
             syncs: AtomicU64::new(0),
+            active_source: OnceLock::new(),
+            others_active: Mutex::new(std::collections::HashMap::new()),
+            peers: Mutex::new(Vec::new()),
             deny_on_store_error,
             fleet,
             wake: Notify::new(),
@@ -127,6 +140,21 @@ impl Budgets {
 
     pub fn is_shared(&self) -> bool {
         self.0.shared
+    }
+
+    /// Where the sync reads what this instance holds open (the gateway's limits).
+    pub fn set_active_source(&self, source: ActiveSource) {
+        let _ = self.0.active_source.set(source);
+    }
+
+    /// What the other instances held open for `sandbox` at the last sync (0 without a
+    /// shared store).
+    pub fn others_active(&self, sandbox: &str) -> u64 {
+        if !self.0.shared {
+            return 0;
+        }
+        let others = self.0.others_active.lock().unwrap_or_else(|e| e.into_inner());
+        others.get(sandbox).copied().unwrap_or(0)
     }
 
     /// Syncs with the shared store that succeeded so far.

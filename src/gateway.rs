@@ -106,6 +106,10 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         config.proxy.auth_failures_per_second,
         config.proxy.sandbox_max_connections,
     ));
+    if shared_store {
+        let limits = limits.clone();
+        budgets.set_active_source(Box::new(move || limits.active_counts()));
+    }
     let door = Door {
         store: Store::new(loaded),
         config,

@@ -649,3 +649,37 @@ fn a_host_another_instance_counted_stays_allowed() {
     let (_s, head) = connect(b.addr, &format!("a.deep.wild.test:{port}"));
     assert_eq!(raw::status(&head), 200, "a host the fleet counted: {head}");
 }
+
+#[test]
+fn open_tunnels_count_across_the_fleet() {
+    let redis = Redis::start();
+    let sink = ByteSink::start();
+    let port = sink.addr.port();
+    let config = shared_config(&redis, "").replace("[proxy]\n", "[proxy]\nsandbox_max_concurrent = 4\n");
+    let a = TestGateway::start(&config, &policy(""));
+    let b = TestGateway::start(&config, &policy(""));
+    let syncs = |gw: &TestGateway| {
+        let v: serde_json::Value = serde_json::from_str(&admin_get(gw.admin_addr(), "/v1/status").1).unwrap();
+        v["limit_store_syncs"].as_u64().unwrap()
+    };
+    // Both know each other (one sync each), then A holds three tunnels and says so.
+    poll("both instances alive", || redis.command("ZCARD egress:v1:instances").as_deref() == Some(":2"));
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let (s, head) = connect(a.addr, &format!("origin.test:{port}"));
+            assert_eq!(raw::status(&head), 200, "{head}");
+            s
+        })
+        .collect();
+    let (sa, sb) = (syncs(&a), syncs(&b));
+    poll("A to publish and B to read it", || syncs(&a) >= sa + 2 && syncs(&b) >= sb + 3);
+    // One more fits the fleet's four; a second does not.
+    let (_one, head) = connect(b.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 200, "{head}");
+    let (_s, head) = connect(b.addr, &format!("origin.test:{port}"));
+    assert_eq!(raw::status(&head), 429, "{head}");
+    assert!(head.contains("sandbox_max_concurrent"), "{head}");
+    // A closes its tunnels: B may open more once it hears.
+    drop(held);
+    poll("B to admit again", || raw::status(&connect(b.addr, &format!("origin.test:{port}")).1) == 200);
+}

@@ -5,9 +5,11 @@
 //! the counts to hand over next time (the reconciliation when Redis returns).
 //!
 //! Keys: `egress:v1:SANDBOX:BUDGET:WINDOW_SECS:WINDOW_INDEX` (counters),
-//! `egress:v1:SANDBOX:new_hosts:WINDOW_SECS:WINDOW_INDEX` (host sets) and
-//! `egress:v1:instances` (a sorted set of heartbeats). Each expires a minute after its
-//! window ends.
+//! `egress:v1:SANDBOX:new_hosts:WINDOW_SECS:WINDOW_INDEX` (host sets),
+//! `egress:v1:instances` (a sorted set of heartbeats) and `egress:v1:active:INSTANCE`
+//! (what each instance holds open per sandbox, for the fleet-wide
+//! `proxy.sandbox_max_concurrent`). Counters and sets expire a minute after their
+//! window ends; an instance's entries a few syncs after it stops.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -220,10 +222,28 @@ async fn sync_once(budgets: &Budgets, store: &Store, instance: &str, interval: D
     let instances = format!("{PREFIX}:instances");
     pipe.cmd("ZADD").arg(&instances).arg(now_ms).arg(instance).ignore();
     pipe.cmd("ZREMRANGEBYSCORE").arg(&instances).arg("-inf").arg(now_ms.saturating_sub(alive_ms)).ignore();
-    pipe.cmd("ZCARD").arg(&instances);
     pipe.cmd("PEXPIRE").arg(&instances).arg(alive_ms * 10).ignore();
+    // What this instance holds open per sandbox, replaced whole; and what the other
+    // instances alive at the last sync hold.
+    let own_active = format!("{PREFIX}:active:{instance}");
+    let mine = budgets.0.active_source.get().map(|f| f()).unwrap_or_default();
+    pipe.cmd("DEL").arg(&own_active).ignore();
+    if !mine.is_empty() {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&own_active);
+        for (sandbox, n) in &mine {
+            hset.arg(sandbox).arg(*n);
+        }
+        pipe.add_command(hset).ignore();
+        pipe.cmd("PEXPIRE").arg(&own_active).arg(alive_ms).ignore();
+    }
+    let peers = budgets.0.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for peer in &peers {
+        pipe.cmd("HGETALL").arg(format!("{PREFIX}:active:{peer}"));
+    }
+    pipe.cmd("ZRANGE").arg(&instances).arg(0).arg(-1);
 
-    let expected = flushes.len() + 1;
+    let expected = flushes.len() + peers.len() + 1;
     let answer = store.query(&pipe).await;
     let mut ledger = budgets.ledger();
     let values = match answer {
@@ -276,8 +296,18 @@ async fn sync_once(budgets: &Budgets, store: &Store, instance: &str, interval: D
             }
         }
     }
-    let alive: u64 = values.last().and_then(|v| redis::from_redis_value_ref(v).ok()).unwrap_or(1);
-    budgets.0.instances.store(alive.max(1), Ordering::Relaxed);
+    let tail = &values[values.len() - peers.len() - 1..];
+    let mut others: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    for v in &tail[..peers.len()] {
+        let held: std::collections::HashMap<String, u64> = redis::from_redis_value_ref(v).unwrap_or_default();
+        for (sandbox, n) in held {
+            *others.entry(sandbox).or_default() += n;
+        }
+    }
+    *budgets.0.others_active.lock().unwrap_or_else(|e| e.into_inner()) = others;
+    let alive: Vec<String> = tail.last().and_then(|v| redis::from_redis_value_ref(v).ok()).unwrap_or_default();
+    budgets.0.instances.store((alive.len() as u64).max(1), Ordering::Relaxed);
+    *budgets.0.peers.lock().unwrap_or_else(|e| e.into_inner()) = alive.into_iter().filter(|i| i != instance).collect();
     budgets.0.syncs.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

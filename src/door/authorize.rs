@@ -87,7 +87,8 @@ pub fn authorize_as(
     {
         return Err(Refusal::new(DenyReason::LimitExceeded, format!("request budget of route {route} exceeded")));
     }
-    let permit = match door.limits.acquire(&identity.sandbox) {
+    let elsewhere = door.budgets.others_active(&identity.sandbox);
+    let permit = match door.limits.acquire_in_fleet(&identity.sandbox, elsewhere) {
         Ok(p) => p,
         Err(e) => return Err(Refusal::new(DenyReason::LimitExceeded, e.to_string())),
     };

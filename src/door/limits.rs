@@ -68,6 +68,26 @@ impl SandboxLimits {
         }))
     }
 
+    /// Open tunnels and in-flight requests per sandbox, for those with any.
+    pub fn active_counts(&self) -> Vec<(String, u64)> {
+        let Ok(slots) = self.0.slots.lock() else { return Vec::new() };
+        slots.iter().filter(|(_, s)| s.active > 0).map(|(k, s)| (k.clone(), s.active as u64)).collect()
+    }
+
+    /// [`Self::acquire`], with `elsewhere` more held by other instances of the fleet
+    /// counted against `proxy.sandbox_max_concurrent`.
+    pub fn acquire_in_fleet(&self, sandbox: &str, elsewhere: u64) -> Result<Permit, LimitError> {
+        let permit = self.acquire(sandbox)?;
+        let inner = &self.0;
+        if inner.max_concurrent > 0 && elsewhere > 0 {
+            let here = inner.slots.lock().ok().and_then(|s| s.get(sandbox).map(|s| s.active)).unwrap_or(0);
+            if here as u64 + elsewhere > inner.max_concurrent as u64 {
+                return Err(LimitError::Concurrent);
+            }
+        }
+        Ok(permit)
+    }
+
     pub fn acquire(&self, sandbox: &str) -> Result<Permit, LimitError> {
         self.acquire_at(sandbox, Instant::now())
     }
