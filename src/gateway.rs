@@ -216,8 +216,8 @@ impl Gateway {
         own.extend(transparent.iter().filter_map(|(l, _)| l.local_addr().ok()));
         shared.resolver.set_own_listeners(own);
         let limit_store = match &config.limits.store {
-            crate::config::LimitStore::Redis { url, password } => Some(
-                crate::budget::store::Store::new(url, password.as_ref())
+            crate::config::LimitStore::Redis { url, password, ca } => Some(
+                crate::budget::store::Store::new(url, password.as_ref(), ca.as_deref())
                     .map_err(|e| GatewayError::LimitStore(e.to_string()))?,
             ),
             crate::config::LimitStore::Local => None,

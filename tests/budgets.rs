@@ -683,3 +683,56 @@ fn open_tunnels_count_across_the_fleet() {
     drop(held);
     poll("B to admit again", || raw::status(&connect(b.addr, &format!("origin.test:{port}")).1) == 200);
 }
+
+#[test]
+fn redis_over_tls_is_verified_against_the_configured_ca() {
+    let ca = support::tls::TestCa::new(&["localhost"]);
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tls_port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut redis = Redis { port, child: None, dir: tempfile::tempdir().unwrap() };
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (cert, key, ca_pem) = (path(&ca.cert_pem_path), path(&ca.key_pem_path), path(&ca.ca_pem_path));
+    let tls_port_s = tls_port.to_string();
+    // The plain port is for this test's own checks; the gateway uses the TLS port.
+    redis.restart_with(&[
+        "--tls-port",
+        &tls_port_s,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca_pem,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    for (trusts_ca, synced) in [(false, false), (true, true)] {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("policy")).unwrap();
+        std::fs::write(d.path().join("policy/test.toml"), policy("[policies.budgeted.budget]\nrequests = 100\n"))
+            .unwrap();
+        let ca_line = if trusts_ca { format!("redis_ca_file = \"{ca_pem}\"\n") } else { String::new() };
+        let config = format!(
+            "[log]\nformat = \"json\"\n[policy]\ndir = \"policy\"\nwatch_interval = \"0s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             {STANDARD_CONFIG}\n[limits]\nstore = \"rediss://localhost:{tls_port}/0\"\nsync_interval = \"50ms\"\n{ca_line}"
+        );
+        std::fs::write(d.path().join("gateway.toml"), config).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(d.path().join("gateway.toml"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.path().join("stderr.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let log = || std::fs::read_to_string(d.path().join("stderr.log")).unwrap_or_default();
+        if synced {
+            poll("the heartbeat over TLS", || redis.command("ZCARD egress:v1:instances").as_deref() == Some(":1"));
+        } else {
+            // The system's roots do not hold the test CA: the certificate is refused.
+            poll("the unverified server to be refused", || log().contains("limit store unreachable"));
+            assert_eq!(redis.command("ZCARD egress:v1:instances").as_deref(), Some(":0"));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -45,9 +45,9 @@ pub struct Store {
 }
 
 impl Store {
-    /// `url`: `redis://HOST:PORT/DB` or `rediss://` (TLS, verified against the
-    /// system's roots); `password` for `AUTH`.
-    pub fn new(url: &str, password: Option<&Secret>) -> redis::RedisResult<Store> {
+    /// `url`: `redis://HOST:PORT/DB` or `rediss://` (TLS, verified against `ca` (PEM)
+    /// or else the system's roots); `password` for `AUTH`.
+    pub fn new(url: &str, password: Option<&Secret>, ca: Option<&[u8]>) -> redis::RedisResult<Store> {
         // TLS to Redis uses the process-wide rustls provider.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut info = url.into_connection_info()?;
@@ -55,7 +55,14 @@ impl Store {
             let settings = info.redis_settings().clone().set_password(p.expose());
             info = info.set_redis_settings(settings);
         }
-        Ok(Store { client: Client::open(info)?, conn: tokio::sync::Mutex::new(None) })
+        let client = match ca {
+            Some(pem) => Client::build_with_tls(
+                info,
+                redis::TlsCertificates { client_tls: None, root_cert: Some(pem.to_vec()) },
+            )?,
+            None => Client::open(info)?,
+        };
+        Ok(Store { client, conn: tokio::sync::Mutex::new(None) })
     }
 
     async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {

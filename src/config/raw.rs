@@ -40,6 +40,10 @@ pub struct RawLimits {
     pub on_store_error: String,
     #[serde(deserialize_with = "absent_if_empty")]
     pub redis_password_file: Option<PathBuf>,
+    /// With `rediss://`: the CA (PEM) the server's certificate must chain to, instead of
+    /// the system's roots.
+    #[serde(deserialize_with = "absent_if_empty")]
+    pub redis_ca_file: Option<PathBuf>,
     /// How often each instance settles its counts with the store.
     #[serde(with = "humantime_serde")]
     pub sync_interval: Duration,
@@ -51,6 +55,7 @@ impl Default for RawLimits {
             store: "local".into(),
             on_store_error: "local".into(),
             redis_password_file: None,
+            redis_ca_file: None,
             sync_interval: Duration::from_millis(250),
         }
     }

@@ -16,8 +16,9 @@ pub struct LimitsConfig {
 pub enum LimitStore {
     /// Counted by each instance on its own.
     Local,
-    /// Counted in Redis, shared by every instance. `url` never holds a password.
-    Redis { url: String, password: Option<crate::secret::Secret> },
+    /// Counted in Redis, shared by every instance. `url` never holds a password;
+    /// `ca` is the PEM CA a `rediss://` server must chain to (None: system roots).
+    Redis { url: String, password: Option<crate::secret::Secret>, ca: Option<Vec<u8>> },
 }
 
 impl std::fmt::Debug for LimitStore {
@@ -81,7 +82,27 @@ pub(super) fn validate_limits(
             }
             None => None,
         };
-        LimitStore::Redis { url: l.store, password }
+        let ca = match &l.redis_ca_file {
+            Some(p) if l.store.starts_with("rediss://") => {
+                let path = base_dir.join(p);
+                let pem = std::fs::read(&path).map_err(|e| {
+                    ConfigError::invalid(file, "limits.redis_ca_file", format!("cannot read {}: {e}", path.display()))
+                })?;
+                if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                    return Err(ConfigError::invalid(file, "limits.redis_ca_file", "expected PEM certificates"));
+                }
+                Some(pem)
+            }
+            Some(_) => {
+                return Err(ConfigError::invalid(
+                    file,
+                    "limits.redis_ca_file",
+                    "only for a TLS store: write the URL as rediss://",
+                ));
+            }
+            None => None,
+        };
+        LimitStore::Redis { url: l.store, password, ca }
     } else {
         return Err(ConfigError::invalid(
             file,
