@@ -17,7 +17,8 @@
 //! Environment: LOAD_SECONDS (per rate phase, default 5), LOAD_IDLE_TUNNELS (5000),
 //! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway, gateway-budget
 //! (a budget on the policy, counted locally), gateway-redis (the same counted in a
-//! `redis-server` the bench starts), squid, tinyproxy, relay, direct),
+//! `redis-server` the bench starts), gateway-b (the binary at LOAD_GATEWAY_B, for an A/B
+//! of two builds in one run), squid, tinyproxy, relay, direct),
 //! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU),
 //! LOAD_PROXY_CPUS and LOAD_CLIENT_CPUS (`taskset` CPU lists for the proxies and for
 //! this process, the load generator and origins; unset: no pinning).
@@ -78,15 +79,17 @@ fn main() {
     let work = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
 
     let rounds = env_u64("LOAD_ROUNDS", 3).max(1);
-    let names: Vec<&str> = ["gateway", "gateway-budget", "gateway-redis", "squid", "tinyproxy", "relay", "direct"]
-        .into_iter()
-        .filter(|n| only.split(',').any(|o| o == *n))
-        .collect();
+    let names: Vec<&str> =
+        ["gateway", "gateway-b", "gateway-budget", "gateway-redis", "squid", "tinyproxy", "relay", "direct"]
+            .into_iter()
+            .filter(|n| only.split(',').any(|o| o == *n))
+            .collect();
     let mut runs: Vec<Vec<Row>> = vec![Vec::new(); names.len()];
     for round in 1..=rounds {
         for (name, rows) in names.iter().zip(&mut runs) {
             let proxy = match *name {
                 "gateway" => Proxy::gateway(work.path(), &origins),
+                "gateway-b" => Proxy::gateway_b(work.path(), &origins),
                 "gateway-budget" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Local),
                 "gateway-redis" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Redis),
                 "squid" => Proxy::squid(work.path(), &origins),
@@ -302,11 +305,15 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         }
     }
     // What budgets cost: the gateway with them against without, within each round.
-    let costs: [(&str, Metric); 3] =
-        [("CPU/setup", |r| r.cpu_per_setup), ("CPU/request", |r| r.cpu_per_request), ("CPU/GiB", |r| r.cpu_per_gib)];
+    let costs: [(&str, Metric); 4] = [
+        ("CPU/setup", |r| r.cpu_per_setup),
+        ("CPU/request", |r| r.cpu_per_request),
+        ("CPU/GiB", |r| r.cpu_per_gib),
+        ("idle memory", |r| r.idle_kib),
+    ];
     for (name, with) in runs.iter().filter(|(n, _)| n.starts_with("gateway-")) {
         let parts: Vec<String> =
             costs.iter().filter_map(|(label, get)| ratio(*get, with, gw).map(|r| format!("{label} {r:.2}x"))).collect();
-        println!("  {name} against gateway (budgets off): {}", parts.join(", "));
+        println!("  {name} against gateway: {}", parts.join(", "));
     }
 }

@@ -157,7 +157,20 @@ impl Proxy {
         Proxy::gateway_with(work, o, Budgets::Off)
     }
 
-    pub fn gateway_with(work: &Path, _o: &super::origin::Origins, budgets: Budgets) -> Proxy {
+    /// The gateway as configured for the peers' job, run from another build
+    /// (`LOAD_GATEWAY_B`, a path to an `egress-gateway` binary): an A/B of a change
+    /// within one run.
+    pub fn gateway_b(work: &Path, o: &super::origin::Origins) -> Proxy {
+        let mut p = Proxy::gateway_built(work, o, Budgets::Off, env_var("LOAD_GATEWAY_B").as_deref());
+        p.name = "gateway-b";
+        p
+    }
+
+    pub fn gateway_with(work: &Path, o: &super::origin::Origins, budgets: Budgets) -> Proxy {
+        Proxy::gateway_built(work, o, budgets, None)
+    }
+
+    fn gateway_built(work: &Path, _o: &super::origin::Origins, budgets: Budgets, bin: Option<&str>) -> Proxy {
         let d = dir(work, "gateway");
         // Budgets large enough never to refuse: what is measured is their counting.
         let budget = match budgets {
@@ -212,7 +225,7 @@ allow = ["127.0.0.1/32"]
             ),
         )
         .unwrap();
-        let mut cmd = proxy_command(env!("CARGO_BIN_EXE_egress-gateway"));
+        let mut cmd = proxy_command(bin.unwrap_or(env!("CARGO_BIN_EXE_egress-gateway")));
         cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
         let mut proxy = spawn("gateway", &mut cmd, port, &d.join("gateway.log"));
         proxy.service = service;
