@@ -138,6 +138,25 @@ fn upload_until_closed(mut s: TcpStream, cap: u64) -> u64 {
     sent
 }
 
+/// How many times `gw` has synced with its shared store.
+fn syncs(gw: &TestGateway) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(&admin_get(gw.admin_addr(), "/v1/status").1).unwrap();
+    v["limit_store_syncs"].as_u64().unwrap()
+}
+
+/// Starts the gateway on `gateway.toml` in `d` (with its `policy/` and any files the
+/// config names already there), its log in `d/stderr.log`: for configs whose files must
+/// exist before start-up.
+fn serve_in(d: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(d.join("gateway.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
 fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
     let resp = raw::exchange(admin, format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
     let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
@@ -562,13 +581,7 @@ fn redis_auth_comes_from_the_password_file_and_is_never_logged() {
             shared_config(&redis, "")
         );
         std::fs::write(d.path().join("gateway.toml"), config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(d.path().join("gateway.toml"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.path().join("stderr.log")).unwrap())
-            .spawn()
-            .unwrap();
+        let mut child = serve_in(d.path());
         let log = || std::fs::read_to_string(d.path().join("stderr.log")).unwrap_or_default();
         if healthy {
             poll("the instance's heartbeat in Redis", || {
@@ -638,12 +651,8 @@ fn a_host_another_instance_counted_stays_allowed() {
     // knows the fleet has two hosts, and which. The other one stays allowed there,
     // a third is refused.
     assert_eq!(raw::status(&connect(b.addr, &format!("origin.test:{port}")).1), 200);
-    let syncs = || {
-        let v: serde_json::Value = serde_json::from_str(&admin_get(b.admin_addr(), "/v1/status").1).unwrap();
-        v["limit_store_syncs"].as_u64().unwrap()
-    };
-    let start = syncs();
-    poll("two syncs of B", || syncs() >= start + 2);
+    let start = syncs(&b);
+    poll("two syncs of B", || syncs(&b) >= start + 2);
     let (_s, head) = connect(b.addr, &format!("b-only.test:{port}"));
     assert_eq!(header(&head, "x-egress-budget"), Some("new_hosts"), "{head}");
     let (_s, head) = connect(b.addr, &format!("a.deep.wild.test:{port}"));
@@ -658,10 +667,6 @@ fn open_tunnels_count_across_the_fleet() {
     let config = shared_config(&redis, "").replace("[proxy]\n", "[proxy]\nsandbox_max_concurrent = 4\n");
     let a = TestGateway::start(&config, &policy(""));
     let b = TestGateway::start(&config, &policy(""));
-    let syncs = |gw: &TestGateway| {
-        let v: serde_json::Value = serde_json::from_str(&admin_get(gw.admin_addr(), "/v1/status").1).unwrap();
-        v["limit_store_syncs"].as_u64().unwrap()
-    };
     // Both know each other (one sync each), then A holds three tunnels and says so.
     poll("both instances alive", || redis.command("ZCARD egress:v1:instances").as_deref() == Some(":2"));
     let held: Vec<TcpStream> = (0..3)
@@ -717,13 +722,7 @@ fn redis_over_tls_is_verified_against_the_configured_ca() {
              {STANDARD_CONFIG}\n[limits]\nstore = \"rediss://localhost:{tls_port}/0\"\nsync_interval = \"50ms\"\n{ca_line}"
         );
         std::fs::write(d.path().join("gateway.toml"), config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(d.path().join("gateway.toml"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.path().join("stderr.log")).unwrap())
-            .spawn()
-            .unwrap();
+        let mut child = serve_in(d.path());
         let log = || std::fs::read_to_string(d.path().join("stderr.log")).unwrap_or_default();
         if synced {
             poll("the heartbeat over TLS", || redis.command("ZCARD egress:v1:instances").as_deref() == Some(":1"));
