@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::policy::budget::{BudgetSpec, Limits};
+use crate::policy::budget::{BudgetSpec, HostBudget, Limits};
 use ledger::{Ledger, Mode, What, Window};
 
 /// Bytes a tunnel moves before it reports them: the most a tunnel overshoots a byte
@@ -209,21 +209,13 @@ impl Budgets {
         let mut window = Window::at(3600, unix);
         if let Some(spec) = ask.spec {
             window = Window::at(spec.window.as_secs(), unix);
-            let mut add = |limits: &Limits, req: What, up: What, down: What| {
-                if let Some(n) = limits.requests {
-                    counts.push((req, window, n));
+            let overrides = ask.host.into_iter().flat_map(|host| spec.hosts_for(host));
+            for (what, limit) in limits_of(&spec.limits, overrides) {
+                if what.is_bytes() {
+                    bytes.push((what, limit));
+                } else {
+                    counts.push((what, window, limit));
                 }
-                if let Some(n) = limits.upload_bytes {
-                    bytes.push((up, n));
-                }
-                if let Some(n) = limits.download_bytes {
-                    bytes.push((down, n));
-                }
-            };
-            add(&spec.limits, What::Requests, What::Upload, What::Download);
-            for h in ask.host.into_iter().flat_map(|host| spec.hosts_for(host)) {
-                let p: Arc<str> = Arc::from(h.host.as_str());
-                add(&h.limits, What::HostRequests(p.clone()), What::HostUpload(p.clone()), What::HostDownload(p));
             }
         }
 
@@ -317,19 +309,8 @@ impl Budgets {
     pub async fn spent(&self, sandbox: &str, spec: Option<&BudgetSpec>) -> Vec<Spent> {
         let Some(spec) = spec else { return Vec::new() };
         let w = Window::at(spec.window.as_secs(), unix_now());
-        let mut rows: Vec<(Option<What>, u64)> = Vec::new();
-        let mut add = |limits: &Limits, req: What, up: What, down: What| {
-            for (what, limit) in [(req, limits.requests), (up, limits.upload_bytes), (down, limits.download_bytes)] {
-                if let Some(limit) = limit {
-                    rows.push((Some(what), limit));
-                }
-            }
-        };
-        add(&spec.limits, What::Requests, What::Upload, What::Download);
-        for h in &spec.hosts {
-            let p: Arc<str> = Arc::from(h.host.as_str());
-            add(&h.limits, What::HostRequests(p.clone()), What::HostUpload(p.clone()), What::HostDownload(p));
-        }
+        let mut rows: Vec<(Option<What>, u64)> =
+            limits_of(&spec.limits, spec.hosts.iter()).into_iter().map(|(what, limit)| (Some(what), limit)).collect();
         if let Some(limit) = spec.new_hosts {
             rows.push((None, limit));
         }
@@ -363,6 +344,25 @@ impl Budgets {
             })
             .collect()
     }
+}
+
+/// Every request and byte limit of a budget, then of each host override given, with
+/// what counts it.
+fn limits_of<'a>(own: &Limits, overrides: impl Iterator<Item = &'a HostBudget>) -> Vec<(What, u64)> {
+    let mut out = Vec::new();
+    let mut add = |limits: &Limits, req: What, up: What, down: What| {
+        for (what, limit) in [(req, limits.requests), (up, limits.upload_bytes), (down, limits.download_bytes)] {
+            if let Some(limit) = limit {
+                out.push((what, limit));
+            }
+        }
+    };
+    add(own, What::Requests, What::Upload, What::Download);
+    for h in overrides {
+        let p: Arc<str> = Arc::from(h.host.as_str());
+        add(&h.limits, What::HostRequests(p.clone()), What::HostUpload(p.clone()), What::HostDownload(p));
+    }
+    out
 }
 
 fn refused(what: &What, c: &ledger::Counter, unix: u64) -> Exhausted {
@@ -542,7 +542,6 @@ pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::budget::HostBudget;
 
     fn spec(limits: Limits, new_hosts: Option<u64>, hosts: Vec<HostBudget>) -> Arc<BudgetSpec> {
         Arc::new(BudgetSpec { window: Duration::from_secs(3600), limits, new_hosts, hosts })
