@@ -170,7 +170,9 @@ pub async fn relay_tcp(
         let (ra, rb) = tokio::join!(a, b);
         end_of(ra, rb)
     };
-    activity.supervise(copy_both, idle, cancel).await
+    // Boxed: passed by value into `supervise`, the copying future would be laid out
+    // twice in this future (about 1.1 KiB more per tunnel, idle ones included).
+    activity.supervise(Box::pin(copy_both), idle, cancel).await
 }
 
 /// Relays between any two byte streams (TLS client legs, upgraded HTTP connections)
@@ -196,7 +198,9 @@ where
         let (ra, rb) = tokio::join!(a, b);
         end_of(ra, rb)
     };
-    activity.supervise(copy_both, idle, cancel).await
+    // Boxed: passed by value into `supervise`, the copying future would be laid out
+    // twice in this future (about 1.1 KiB more per tunnel, idle ones included).
+    activity.supervise(Box::pin(copy_both), idle, cancel).await
 }
 
 async fn one_way<R, W>(r: &mut R, w: &mut W, gate: &Gate<'_>) -> std::io::Result<()>
