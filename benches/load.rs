@@ -18,7 +18,8 @@
 //! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway, gateway-budget
 //! (a budget on the policy, counted locally), gateway-redis (the same counted in a
 //! `redis-server` the bench starts), gateway-b (the binary at LOAD_GATEWAY_B, for an A/B
-//! of two builds in one run), squid, tinyproxy, relay, direct),
+//! of two builds in one run), gateway-transparent (setups through the transparent HTTP
+//! listener instead of CONNECT), squid, tinyproxy, relay, direct),
 //! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU),
 //! LOAD_PROXY_CPUS and LOAD_CLIENT_CPUS (`taskset` CPU lists for the proxies and for
 //! this process, the load generator and origins; unset: no pinning).
@@ -68,8 +69,9 @@ fn main() {
     let secs = Duration::from_secs(env_u64("LOAD_SECONDS", 5));
     let idle_n = env_u64("LOAD_IDLE_TUNNELS", 5000) as usize;
     let stream_bytes = env_u64("LOAD_STREAM_MIB", 1024) << 20;
-    let only = std::env::var("LOAD_ONLY")
-        .unwrap_or_else(|_| "gateway,gateway-budget,gateway-redis,squid,tinyproxy,relay,direct".into());
+    let only = std::env::var("LOAD_ONLY").unwrap_or_else(|_| {
+        "gateway,gateway-budget,gateway-redis,gateway-transparent,squid,tinyproxy,relay,direct".into()
+    });
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let origins = rt.block_on(origin::Origins::start(stream_bytes));
@@ -79,17 +81,27 @@ fn main() {
     let work = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
 
     let rounds = env_u64("LOAD_ROUNDS", 3).max(1);
-    let names: Vec<&str> =
-        ["gateway", "gateway-b", "gateway-budget", "gateway-redis", "squid", "tinyproxy", "relay", "direct"]
-            .into_iter()
-            .filter(|n| only.split(',').any(|o| o == *n))
-            .collect();
+    let names: Vec<&str> = [
+        "gateway",
+        "gateway-b",
+        "gateway-budget",
+        "gateway-redis",
+        "gateway-transparent",
+        "squid",
+        "tinyproxy",
+        "relay",
+        "direct",
+    ]
+    .into_iter()
+    .filter(|n| only.split(',').any(|o| o == *n))
+    .collect();
     let mut runs: Vec<Vec<Row>> = vec![Vec::new(); names.len()];
     for round in 1..=rounds {
         for (name, rows) in names.iter().zip(&mut runs) {
             let proxy = match *name {
                 "gateway" => Proxy::gateway(work.path(), &origins),
                 "gateway-b" => Proxy::gateway_b(work.path(), &origins),
+                "gateway-transparent" => Proxy::gateway_transparent(work.path(), &origins),
                 "gateway-budget" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Local),
                 "gateway-redis" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Redis),
                 "squid" => Proxy::squid(work.path(), &origins),
@@ -126,6 +138,10 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
         row.cpu_per_setup
     );
 
+    // The transparent listener in the bench reaches one origin port only: setups.
+    if p.transparent {
+        return row;
+    }
     if p.forwards() {
         let cpu_before = p.cpu_seconds();
         let ka = client::wrk_keepalive(p, o.http, 32, secs);

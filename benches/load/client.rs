@@ -71,6 +71,12 @@ async fn open(p: &Proxy, target: SocketAddr, auth: &str, buf: &mut Vec<u8>) -> s
         s.set_nodelay(true)?;
         return Ok(s);
     };
+    if p.transparent {
+        // As a redirected program would: straight to the listener, no CONNECT.
+        let s = TcpStream::connect(proxy).await?;
+        s.set_nodelay(true)?;
+        return Ok(s);
+    }
     let mut s = TcpStream::connect(proxy).await?;
     s.set_nodelay(true)?;
     let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n");
@@ -97,7 +103,11 @@ pub async fn connect_setups(p: &Proxy, http: SocketAddr, workers: usize, dur: Du
         tasks.push(tokio::spawn(async move {
             let (mut lat, mut errors) = (Vec::new(), 0u64);
             let mut buf = Vec::with_capacity(4096);
-            let get = format!("GET / HTTP/1.1\r\nHost: {http}\r\n\r\n");
+            let get = if proxy.transparent {
+                format!("GET / HTTP/1.1\r\nHost: {}\r\n\r\n", super::peers::TRANSPARENT_HOST)
+            } else {
+                format!("GET / HTTP/1.1\r\nHost: {http}\r\n\r\n")
+            };
             while start.elapsed() < dur {
                 let t = Instant::now();
                 let ok = async {

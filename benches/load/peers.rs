@@ -21,7 +21,13 @@ pub struct Proxy {
     child: Option<Child>,
     /// A service the proxy needs (the gateway's Redis), not counted as the proxy's.
     service: Option<Child>,
+    /// `addr` is a transparent HTTP listener: no CONNECT, the destination is the
+    /// `Host` header's name ([`TRANSPARENT_HOST`]) on the bench origin's port.
+    pub transparent: bool,
 }
+
+/// The name the transparent row's requests carry in `Host` (resolved to 127.0.0.1).
+pub const TRANSPARENT_HOST: &str = "origin.bench";
 
 /// Which gateway: as configured for the peers' job, or with an egress budget on its
 /// policy counted locally or in Redis (`redis-server` started for it).
@@ -116,7 +122,7 @@ fn spawn(name: &'static str, cmd: &mut Command, port: u16, log: &Path) -> Proxy 
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err).spawn().unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_listening(addr, &mut child, log);
-    Proxy { name, addr: Some(addr), secret: TOKEN.into(), child: Some(child), service: None }
+    Proxy { name, addr: Some(addr), secret: TOKEN.into(), child: Some(child), service: None, transparent: false }
 }
 
 /// With `LOAD_GATEWAY_TOKEN=hs256|eddsa`: a `[tokens]` section with one key of that
@@ -168,6 +174,60 @@ impl Proxy {
 
     pub fn gateway_with(work: &Path, o: &super::origin::Origins, budgets: Budgets) -> Proxy {
         Proxy::gateway_built(work, o, budgets, None)
+    }
+
+    /// The gateway's transparent HTTP listener (`transparent.sandbox` the bench
+    /// sandbox, `http_port` the origin's): what a program that ignores `HTTP_PROXY`
+    /// costs, against CONNECT.
+    pub fn gateway_transparent(work: &Path, o: &super::origin::Origins) -> Proxy {
+        let d = dir(work, "gateway");
+        std::fs::create_dir_all(d.join("policy")).unwrap();
+        let (port, listen) = (free_port(), free_port());
+        let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
+        std::fs::write(
+            d.join("policy/bench.toml"),
+            format!(
+                "[policies.bench]\nallow = [\"{TRANSPARENT_HOST}:*\"]\n[[sandboxes]]\nid = \"{USER}\"\ntoken_sha256 = \"{hash}\"\npolicy = \"bench\"\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("gateway.toml"),
+            format!(
+                r#"[proxy]
+listen = "127.0.0.1:{port}"
+max_connections = 30000
+sandbox_max_concurrent = 0
+sandbox_max_per_second = 0
+[log]
+format = "json"
+level = "info"
+[policy]
+dir = "policy"
+watch_interval = "0s"
+[admin]
+listen = "127.0.0.1:0"
+[resolver]
+nameservers = ["127.0.0.1:9"]
+hosts_file = false
+[resolver.hosts]
+"{TRANSPARENT_HOST}" = ["127.0.0.1"]
+[egress]
+allow = ["127.0.0.1/32"]
+[transparent]
+http_listen = "127.0.0.1:{listen}"
+sandbox = "{USER}"
+http_port = {origin}
+"#,
+                origin = o.http.port()
+            ),
+        )
+        .unwrap();
+        let mut cmd = proxy_command(env!("CARGO_BIN_EXE_egress-gateway"));
+        cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
+        let mut proxy = spawn("gateway-transparent", &mut cmd, listen, &d.join("gateway.log"));
+        proxy.transparent = true;
+        proxy
     }
 
     fn gateway_built(work: &Path, _o: &super::origin::Origins, budgets: Budgets, bin: Option<&str>) -> Proxy {
@@ -321,21 +381,29 @@ DisableViaHeader Yes
     }
 
     pub fn direct() -> Proxy {
-        Proxy { name: "direct", addr: None, secret: TOKEN.into(), child: None, service: None }
+        Proxy { name: "direct", addr: None, secret: TOKEN.into(), child: None, service: None, transparent: false }
     }
 
     /// The same proxy's address without ownership of its process, for client tasks.
     pub fn handle(&self) -> Proxy {
-        Proxy { name: self.name, addr: self.addr, secret: self.secret.clone(), child: None, service: None }
+        Proxy {
+            name: self.name,
+            addr: self.addr,
+            secret: self.secret.clone(),
+            child: None,
+            service: None,
+            transparent: self.transparent,
+        }
     }
 
     pub fn is_proxy(&self) -> bool {
         self.addr.is_some()
     }
 
-    /// Whether it forwards absolute-form requests (the bare relay carries tunnels only).
+    /// Whether it forwards absolute-form requests (the bare relay carries tunnels only;
+    /// the transparent row has no proxy port in the bench).
     pub fn forwards(&self) -> bool {
-        self.name != "relay"
+        self.name != "relay" && !self.transparent
     }
 
     /// `Proxy-Authorization` value for the bench credential.
