@@ -125,6 +125,49 @@ fn spawn(name: &'static str, cmd: &mut Command, port: u16, log: &Path) -> Proxy 
     Proxy { name, addr: Some(addr), secret: TOKEN.into(), child: Some(child), service: None, transparent: false }
 }
 
+/// Writes the gateway's policy (one sandbox, `allow`, then `policy_extra`) and config
+/// (as for the peers' job, then `config_extra`) into `d`; returns its proxy port.
+fn gateway_files(d: &Path, allow: &str, policy_extra: &str, config_extra: &str) -> u16 {
+    std::fs::create_dir_all(d.join("policy")).unwrap();
+    let port = free_port();
+    let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
+    let threads = std::env::var("LOAD_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
+    std::fs::write(
+        d.join("policy/bench.toml"),
+        format!(
+            "[policies.bench]\nallow = [\"{allow}\"]\n{policy_extra}\n[[sandboxes]]\nid = \"{USER}\"\ntoken_sha256 = \"{hash}\"\npolicy = \"bench\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("gateway.toml"),
+        format!(
+            r#"[proxy]
+listen = "127.0.0.1:{port}"
+max_connections = 30000
+threads = {threads}
+sandbox_max_concurrent = 0
+sandbox_max_per_second = 0
+[log]
+format = "json"
+level = "info"
+[policy]
+dir = "policy"
+watch_interval = "0s"
+[admin]
+listen = "127.0.0.1:0"
+[resolver]
+nameservers = ["127.0.0.1:9"]
+hosts_file = false
+[egress]
+allow = ["127.0.0.1/32"]
+{config_extra}"#
+        ),
+    )
+    .unwrap();
+    port
+}
+
 /// With `LOAD_GATEWAY_TOKEN=hs256|eddsa`: a `[tokens]` section with one key of that
 /// kind (its files written to `d`), for a signed token minted once the config exists.
 fn signed_token_section(d: &Path, alg: &str) -> String {
@@ -181,48 +224,13 @@ impl Proxy {
     /// costs, against CONNECT.
     pub fn gateway_transparent(work: &Path, o: &super::origin::Origins) -> Proxy {
         let d = dir(work, "gateway");
-        std::fs::create_dir_all(d.join("policy")).unwrap();
-        let (port, listen) = (free_port(), free_port());
-        let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
-        std::fs::write(
-            d.join("policy/bench.toml"),
-            format!(
-                "[policies.bench]\nallow = [\"{TRANSPARENT_HOST}:*\"]\n[[sandboxes]]\nid = \"{USER}\"\ntoken_sha256 = \"{hash}\"\npolicy = \"bench\"\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            d.join("gateway.toml"),
-            format!(
-                r#"[proxy]
-listen = "127.0.0.1:{port}"
-max_connections = 30000
-sandbox_max_concurrent = 0
-sandbox_max_per_second = 0
-[log]
-format = "json"
-level = "info"
-[policy]
-dir = "policy"
-watch_interval = "0s"
-[admin]
-listen = "127.0.0.1:0"
-[resolver]
-nameservers = ["127.0.0.1:9"]
-hosts_file = false
-[resolver.hosts]
-"{TRANSPARENT_HOST}" = ["127.0.0.1"]
-[egress]
-allow = ["127.0.0.1/32"]
-[transparent]
-http_listen = "127.0.0.1:{listen}"
-sandbox = "{USER}"
-http_port = {origin}
-"#,
-                origin = o.http.port()
-            ),
-        )
-        .unwrap();
+        let listen = free_port();
+        let extra = format!(
+            "[resolver.hosts]\n\"{TRANSPARENT_HOST}\" = [\"127.0.0.1\"]\n[transparent]\nhttp_listen = \"127.0.0.1:{listen}\"\n\
+             sandbox = \"{USER}\"\nhttp_port = {}\n",
+            o.http.port()
+        );
+        gateway_files(&d, &format!("{TRANSPARENT_HOST}:*"), "", &extra);
         let mut cmd = proxy_command(env!("CARGO_BIN_EXE_egress-gateway"));
         cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
         let mut proxy = spawn("gateway-transparent", &mut cmd, listen, &d.join("gateway.log"));
@@ -246,45 +254,9 @@ http_port = {origin}
             }
             _ => (None, String::new()),
         };
-        std::fs::create_dir_all(d.join("policy")).unwrap();
-        let port = free_port();
-        let hash = hex::encode(egress_gateway::auth::token_sha256(TOKEN));
-        let threads = std::env::var("LOAD_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
         let signed = env_var("LOAD_GATEWAY_TOKEN");
         let tokens = signed.as_deref().map(|alg| signed_token_section(&d, alg)).unwrap_or_default();
-        std::fs::write(
-            d.join("policy/bench.toml"),
-            format!(
-                "[policies.bench]\nallow = [\"127.0.0.1:*\"]\n{budget}\n[[sandboxes]]\nid = \"{USER}\"\ntoken_sha256 = \"{hash}\"\npolicy = \"bench\"\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            d.join("gateway.toml"),
-            format!(
-                r#"[proxy]
-listen = "127.0.0.1:{port}"
-max_connections = 30000
-threads = {threads}
-sandbox_max_concurrent = 0
-sandbox_max_per_second = 0
-[log]
-format = "json"
-level = "info"
-[policy]
-dir = "policy"
-watch_interval = "0s"
-[admin]
-listen = "127.0.0.1:0"
-[resolver]
-nameservers = ["127.0.0.1:9"]
-hosts_file = false
-[egress]
-allow = ["127.0.0.1/32"]
-{limits}{tokens}"#
-            ),
-        )
-        .unwrap();
+        let port = gateway_files(&d, "127.0.0.1:*", budget, &format!("{limits}{tokens}"));
         let mut cmd = proxy_command(bin.unwrap_or(env!("CARGO_BIN_EXE_egress-gateway")));
         cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
         let mut proxy = spawn("gateway", &mut cmd, port, &d.join("gateway.log"));
