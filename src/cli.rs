@@ -67,6 +67,50 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// The TLS inspection CA: create one, write the bundle sandboxes trust, print the
+    /// variables clients read.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaCommand {
+    /// Create a CA certificate and key (PEM; the key is written mode 0600) for
+    /// [intercept] ca_cert_file and ca_key_file.
+    Init {
+        #[arg(long)]
+        cert: PathBuf,
+        #[arg(long)]
+        key: PathBuf,
+        /// The CA's common name.
+        #[arg(long, default_value = "egress-gateway inspection CA")]
+        name: String,
+        /// Lifetime, e.g. 365d.
+        #[arg(long, default_value = "3650d", value_parser = humantime::parse_duration)]
+        lifetime: std::time::Duration,
+        /// Overwrite existing files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Write the system's roots plus the CA (PEM): the file sandboxes trust.
+    Bundle {
+        /// The CA certificate; without it, [intercept] ca_cert_file of --config.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        #[arg(long, env = "EGRESS_GATEWAY_CONFIG")]
+        config: Option<PathBuf>,
+        /// Where to write the bundle; standard output without it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the environment variables each common client reads, for a bundle at PATH
+    /// inside the sandbox (shell `export` lines).
+    Env {
+        #[arg(long)]
+        bundle: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -83,7 +127,8 @@ pub struct CheckArgs {
     /// Check a push of this ref (git URLs only), e.g. refs/heads/agent/x.
     #[arg(long)]
     pub push: Option<String>,
-    /// The method of a route:NAME/PATH request (default GET).
+    /// The method of a route:NAME/PATH request or of a URL (default GET): an inspected
+    /// host's request rules decide it.
     #[arg(long)]
     pub method: Option<String>,
     /// Also resolve the name with the gateway's resolver and vet each address.

@@ -2,6 +2,7 @@
 //! to a writer and returns the process exit code (0 ok/allow, 1 deny/failures); errors
 //! (unreadable files, bad input) are returned and become exit code 2.
 
+pub mod ca;
 pub mod check;
 pub mod diff;
 pub mod health;

@@ -9,12 +9,13 @@ pub mod validate;
 use std::path::Path;
 
 pub use error::{ConfigError, DisplayPath};
-pub use keys::{load_route_secrets, load_verifier};
+pub use keys::{load_placeholder_secrets, load_route_secrets, load_verifier};
 pub use policy_files::{load_policies, load_shadow};
 pub use validate::{
-    AdminConfig, BlockMode, Config, DnsAnswer, DnsConfig, DrainConfig, GithubConfig, KeyAlg, KeySource, LimitStore,
-    LimitsConfig, LogConfig, LogFormat, PolicyConfig, PolicySource, ProxyConfig, ProxyProtocol, RateLimitAction,
-    ResolverConfig, RouteConfig, SecretSource, TokensConfig, TransparentConfig,
+    AdminConfig, BlockMode, Config, DnsAnswer, DnsConfig, DrainConfig, GithubConfig, InterceptConfig, KeyAlg,
+    KeySource, LimitStore, LimitsConfig, LogConfig, LogFormat, PLACEHOLDER_PREFIX, PolicyConfig, PolicySource,
+    ProxyConfig, ProxyProtocol, RateLimitAction, ResolverConfig, RouteConfig, SecretConfig, SecretSource, TokensConfig,
+    TransparentConfig,
 };
 
 /// Reads and validates a gateway config file. Relative paths in it are relative to the

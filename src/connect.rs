@@ -23,7 +23,13 @@ fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<Pr
     door::refuse(rec, Refusal::new(reason, hint), Entry::Absolute)
 }
 
-pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, door: &Door, state: Arc<State>) -> Response<ProxyBody> {
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    state: Arc<State>,
+    inspector: Option<Arc<dyn door::Inspector>>,
+) -> Response<ProxyBody> {
     let mut rec = AccessRecord::with_vpce(
         Kind::Connect,
         "CONNECT",
@@ -57,10 +63,14 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, door: &Door, state:
     // Registered before the dial: a reload while the gateway resolves and connects
     // (which the client can stretch) ends this tunnel like any open one.
     let presented = Presented::proxy(req.headers());
-    let hold = match door::authorize(door, &state, &mut rec, conn, presented, Subject::Host(target.clone())) {
-        Ok(a) => a.hold,
+    let authorized = match door::authorize(door, &state, &mut rec, conn, presented, Subject::Host(target.clone())) {
+        Ok(a) => a,
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };
+    if let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target)) {
+        return inspect(req, conn, door, rec, authorized, target, inspector);
+    }
+    let hold = authorized.hold;
     let (upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {
         Some(Ok(ok)) => ok,
         Some(Err(e)) => {
@@ -92,6 +102,41 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, door: &Door, state:
             Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
         }
         rec.emit();
+    });
+    let mut resp = Response::new(respond::empty());
+    *resp.status_mut() = StatusCode::OK;
+    resp
+}
+
+/// Answers `200` and hands the connection to the inspector: no upstream is dialled
+/// for the tunnel itself, each request inside is decided and sent on its own.
+fn inspect(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    mut rec: AccessRecord,
+    authorized: door::Authorized,
+    target: addr::Target,
+    inspector: Arc<dyn door::Inspector>,
+) -> Response<ProxyBody> {
+    rec.status = 200;
+    let on_upgrade = hyper::upgrade::on(req);
+    let slot = conn.slot.clone();
+    let active = crate::metrics::ActiveGuard::tunnel();
+    let hold = authorized.hold;
+    let inner = ConnInfo { identity: Some(authorized.identity), pending: None, ..conn.clone() };
+    door.tasks.spawn(async move {
+        let (_slot, _active) = (slot, active);
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let cancel = hold.registration().token().clone();
+                let io: Box<dyn door::Io> = Box::new(TokioIo::new(upgraded));
+                inspector.serve(io, door::Inspected { target, conn: inner, cancel }).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
+        }
+        rec.emit();
+        drop(hold);
     });
     let mut resp = Response::new(respond::empty());
     *resp.status_mut() = StatusCode::OK;

@@ -86,6 +86,9 @@ pub struct ConnInfo {
     /// Counts against its address's unauthenticated share until a request on it
     /// authenticates.
     pub pending: Option<Arc<admission::Pending>>,
+    /// Inside an inspected connection (TLS terminated by the gateway): the sandbox that
+    /// opened it, which every request on it is.
+    pub identity: Option<crate::auth::Identity>,
 }
 
 impl std::fmt::Debug for ConnInfo {
@@ -107,6 +110,33 @@ impl ConnInfo {
     pub fn authorized(&self, sandbox: &str) -> bool {
         self.pending.as_ref().is_none_or(|p| p.authorized(sandbox))
     }
+}
+
+/// A byte stream an inspected connection is served on (a CONNECT's upgraded
+/// connection, a transparent listener's socket).
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// A connection to inspect, handed to the dispatcher once its destination was
+/// authorized: the host, the connection (with the sandbox as its identity) and the
+/// token that ends it.
+pub struct Inspected {
+    pub target: crate::addr::Target,
+    pub conn: ConnInfo,
+    pub cancel: CancellationToken,
+}
+
+/// What an entry path calls when a destination is to be inspected; the dispatcher
+/// implements it, so that a handler never imports it (or the handlers it chooses).
+pub trait Inspector: Send + Sync {
+    /// True when `target` is inspected for a sandbox under `policy`.
+    fn inspects(&self, policy: &crate::policy::Policy, target: &crate::addr::Target) -> bool;
+    /// Terminates TLS on `io` and serves the requests inside until it closes.
+    fn serve(
+        &self,
+        io: Box<dyn Io>,
+        inspected: Inspected,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 }
 
 /// How a request reached the gateway, which decides where credentials may be and how

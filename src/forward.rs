@@ -83,8 +83,19 @@ pub async fn handle(
     };
     rec.target = target.to_string();
 
-    let presented = Presented::proxy(req.headers());
-    let hold = match door::authorize(door, &state, &mut rec, conn, presented, Subject::Host(target.clone())) {
+    let identity = match door::identified(door, &state, conn, Presented::proxy(req.headers())) {
+        Ok(i) => i,
+        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+    };
+    // A host the policy inspects is decided request by request, in plain HTTP too.
+    let subject = if identity.policy.inspects(&target).is_some() {
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+        let headers = crate::door::headers::rule_headers(req.headers());
+        Subject::Request { target: target.clone(), method: req.method().as_str().to_string(), path, headers }
+    } else {
+        Subject::Host(target.clone())
+    };
+    let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
         Ok(a) => a.hold,
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };

@@ -86,6 +86,13 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         None => None,
     };
     let (git, routes) = upstream_routes(&config, &resolver)?;
+    let intercept = match &config.intercept {
+        Some(cfg) => Some(Arc::new(
+            crate::intercept::Intercept::new(cfg, resolver.clone())
+                .map_err(|e| GatewayError::Intercept(format!("{}: {e}", config.file)))?,
+        )),
+        None => None,
+    };
     // With a shared store the per-second and per-route limits are counted there.
     let shared_store = matches!(config.limits.store, crate::config::LimitStore::Redis { .. });
     let limits = crate::door::limits::SandboxLimits::new(
@@ -129,6 +136,7 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         forward: crate::forward::Forwarder { clients },
         git,
         routes,
+        intercept,
     });
     let weak = Arc::downgrade(&shared);
     shared.resolver.set_peers(Arc::new(move |name: &str| {
@@ -159,6 +167,8 @@ pub enum GatewayError {
     Threads(std::io::Error),
     #[error("limits.store: {0}")]
     LimitStore(String),
+    #[error("intercept: {0}")]
+    Intercept(String),
 }
 
 /// How the gateway is told to stop. `drain` starts the drain (readiness off, accept for

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use egress_gateway::cli::{Cli, Command, ConfigCommand, PolicyCommand, TokenCommand, read_token_from_stdin};
+use egress_gateway::cli::{CaCommand, Cli, Command, ConfigCommand, PolicyCommand, TokenCommand, read_token_from_stdin};
 use egress_gateway::commands;
 use egress_gateway::config::{self, Config};
 use egress_gateway::gateway::{Gateway, Shutdown};
@@ -58,6 +58,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("{}: valid ({} policies, {} sandboxes)", cfg.file, set.policies.len(), set.sandboxes.len());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ca { command } => report(|out| match &command {
+            CaCommand::Init { cert, key, name, lifetime, force } => {
+                commands::ca::init(cert, key, name, *lifetime, *force, out)
+            }
+            CaCommand::Bundle { ca, config, out: dest } => {
+                commands::ca::bundle(ca.as_ref(), config.as_ref(), dest.as_ref(), out)
+            }
+            CaCommand::Env { bundle } => commands::ca::env(bundle, out),
+        }),
         Command::Token { command: TokenCommand::Hash } => {
             let token = read_token_from_stdin()?;
             anyhow::ensure!(!token.is_empty(), "empty token on standard input");

@@ -12,6 +12,7 @@ pub mod git;
 pub mod hosts;
 pub mod net;
 pub mod peers;
+pub mod requests;
 pub mod route;
 pub mod rule;
 pub mod subject;
@@ -62,6 +63,9 @@ pub struct Policy {
     peers: Vec<peers::PeerPattern>,
     accept_from: Vec<peers::PeerPattern>,
     budget: Option<Arc<budget::BudgetSpec>>,
+    /// Hosts whose TLS is terminated so that their requests are decided one by one.
+    inspect: RuleSet,
+    requests: Vec<requests::RequestRule>,
 }
 
 /// Decides `subject` under `policy`: the one decision every path takes. `narrow` is a
@@ -70,7 +74,23 @@ pub struct Policy {
 /// gateway adds its own credential there.
 pub fn decide<'p>(policy: &'p Policy, subject: &Subject, narrow: Option<&[String]>) -> Decision<'p> {
     match subject {
-        Subject::Host(t) => policy.decide(t),
+        Subject::Host(t) => {
+            let d = policy.decide(t);
+            // An inspected host is reached: its requests are decided one by one.
+            match d.verdict {
+                Verdict::Deny { reason: DenyReason::HostNotAllowed | DenyReason::PortNotAllowed, .. } => {
+                    match policy.inspects(t) {
+                        Some(rule) => Decision { verdict: Verdict::Allow { rule }, report_only: d.report_only },
+                        None => d,
+                    }
+                }
+                _ => d,
+            }
+        }
+        Subject::Request { target, method, path, headers } => match policy.inspects(target) {
+            Some(_) => policy.decide_request(&target.host, method, path, headers),
+            None => policy.decide(target),
+        },
         Subject::Git { repo, access } => {
             let write = !matches!(access, GitAccess::Read);
             let repo_decision = policy.decide_git(repo, write, narrow);
@@ -103,8 +123,63 @@ impl Policy {
                 peers: Vec::new(),
                 accept_from: Vec::new(),
                 budget: None,
+                inspect: RuleSet::default(),
+                requests: Vec::new(),
             },
         }
+    }
+
+    /// The `inspect` rule that names `target`, if the policy inspects it.
+    pub fn inspects(&self, target: &Target) -> Option<&RuleSource> {
+        if self.inspect.hosts.is_empty() && self.inspect.nets.is_empty() {
+            return None;
+        }
+        self.first_match(&self.inspect, target, |p| self.allow_port_matches(p, target.port))
+    }
+
+    /// True when the policy inspects some host.
+    pub fn inspects_any(&self) -> bool {
+        !(self.inspect.hosts.is_empty() && self.inspect.nets.is_empty())
+    }
+
+    /// The request rules, in the order written.
+    pub fn request_rules(&self) -> &[requests::RequestRule] {
+        &self.requests
+    }
+
+    /// Whether a request inside an inspected host may be sent: `path` as sent (with
+    /// its query). Deny rules beat allow rules; no match is a deny. A path that cannot
+    /// be judged (traversal, encoded separators) is a bad request.
+    pub fn decide_request(&self, host: &Host, method: &str, path: &str, headers: &[(String, String)]) -> Decision<'_> {
+        let report_only = self.mode == Mode::Report;
+        let (raw_path, query) = match path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path, None),
+        };
+        let Ok(decoded) = requests::normalize_path(raw_path) else {
+            return Decision { verdict: Verdict::Deny { reason: DenyReason::BadRequest, rule: None }, report_only };
+        };
+        let view = requests::RequestView { host, method, path: &decoded, query, headers };
+        let mut allowed = None;
+        for r in self.requests.iter().filter(|r| r.matches(&view)) {
+            let Some(rule) = self.rules.get(r.rule) else { continue };
+            match r.action {
+                requests::Action::Deny => {
+                    return Decision {
+                        verdict: Verdict::Deny { reason: DenyReason::RequestNotAllowed, rule: Some(rule) },
+                        report_only,
+                    };
+                }
+                requests::Action::Allow => {
+                    allowed.get_or_insert(rule);
+                }
+            }
+        }
+        let verdict = match allowed {
+            Some(rule) => Verdict::Allow { rule },
+            None => Verdict::Deny { reason: DenyReason::RequestNotAllowed, rule: None },
+        };
+        Decision { verdict, report_only }
     }
 
     pub fn name(&self) -> &str {
@@ -341,6 +416,38 @@ impl PolicyBuilder {
             RuleList::AcceptFrom => self.policy.accept_from.push(pattern),
             _ => self.policy.peers.push(pattern),
         }
+        Ok(())
+    }
+
+    /// Adds one `inspect` host (a host rule: `api.github.com`, `*.googleapis.com:443`).
+    pub fn add_inspect(&mut self, text: &str, location: &str) -> Result<(), RuleError> {
+        let rule = parse_rule(text)?;
+        let idx = self.policy.rules.len();
+        self.policy.rules.push(RuleSource {
+            text: text.to_string(),
+            list: RuleList::Inspect,
+            location: location.to_string(),
+        });
+        let set = &mut self.policy.inspect;
+        let entry = HostEntry { ports: rule.ports, rule: idx };
+        match rule.pattern {
+            HostPattern::Exact(name) => set.hosts.add_exact(&name, entry),
+            HostPattern::Suffix(suffix) => set.hosts.add_suffix(&suffix, entry),
+            HostPattern::Net(net) => set.nets.add(NetEntry { net, ports: rule.ports, rule: idx }),
+        }
+        Ok(())
+    }
+
+    /// Adds one `[[requests]]` rule; the error names the key at fault.
+    pub fn add_request(&mut self, spec: &requests::RequestSpec<'_>, location: &str) -> Result<(), (String, String)> {
+        let idx = self.policy.rules.len();
+        let compiled = requests::RequestRule::compile(spec, idx)?;
+        self.policy.rules.push(RuleSource {
+            text: requests::describe(spec),
+            list: RuleList::Requests,
+            location: location.to_string(),
+        });
+        self.policy.requests.push(compiled);
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! forwarding, the git route, API routes). Handlers go through the front door
 //! ([`crate::door`]) and never import this module.
 
+pub mod inspect;
 pub mod proxy_protocol;
 pub mod server;
 pub mod threads;
@@ -28,6 +29,8 @@ pub struct Shared {
     pub forward: crate::forward::Forwarder,
     pub git: crate::git::handler::GitRoute,
     pub routes: crate::routes::Routes,
+    /// TLS inspection (`[intercept]`).
+    pub intercept: Option<Arc<crate::intercept::Intercept>>,
 }
 
 impl std::ops::Deref for Shared {
@@ -81,7 +84,9 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
     let absolute_host =
         |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
     if req.method() == Method::CONNECT {
-        crate::connect::handle(req, conn, door, state).await
+        let inspector: Option<Arc<dyn door::Inspector>> =
+            shared.intercept.as_ref().map(|_| Arc::new(inspect::Dispatch(shared.clone())) as Arc<dyn door::Inspector>);
+        crate::connect::handle(req, conn, door, state, inspector).await
     } else if absolute_host(&|h| h.eq_ignore_ascii_case(gh_host)) {
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Absolute).await
     } else if absolute_host(&|h| crate::routes::is_route_host(&door.config.routes, h)) {

@@ -20,6 +20,7 @@ pub struct Loaded {
     pub shadow: Option<PolicySet>,
     pub tokens: Verifier,
     pub route_secrets: std::collections::HashMap<String, crate::secret::Secret>,
+    pub secrets: std::collections::HashMap<String, crate::secret::Secret>,
 }
 
 /// Reads and validates everything reloadable named by `config`.
@@ -29,6 +30,7 @@ pub fn load(config: &Config) -> Result<Loaded, ConfigError> {
         shadow: config::load_shadow(config)?,
         tokens: config::load_verifier(config)?,
         route_secrets: config::load_route_secrets(config)?,
+        secrets: config::load_placeholder_secrets(config)?,
     })
 }
 
@@ -41,6 +43,8 @@ pub struct State {
     pub tokens: Verifier,
     /// API route name -> the secret injected upstream.
     pub route_secrets: std::collections::HashMap<String, crate::secret::Secret>,
+    /// Placeholder secret name -> its value (`[[secrets]]`).
+    pub secrets: std::collections::HashMap<String, crate::secret::Secret>,
     pub loaded_at: SystemTime,
 }
 
@@ -56,7 +60,7 @@ pub struct Store {
 impl Store {
     pub fn new(loaded: Loaded) -> Self {
         ::metrics::gauge!(metrics::POLICY_GENERATION).set(1.0);
-        let Loaded { policies, shadow, tokens, route_secrets } = loaded;
+        let Loaded { policies, shadow, tokens, route_secrets, secrets } = loaded;
         Store {
             current: ArcSwap::from_pointee(State {
                 generation: 1,
@@ -64,6 +68,7 @@ impl Store {
                 shadow,
                 tokens,
                 route_secrets,
+                secrets,
                 loaded_at: SystemTime::now(),
             }),
             next_generation: AtomicU64::new(2),
@@ -85,10 +90,18 @@ impl Store {
     /// state stays. Logs and counts either way.
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
         let _one_at_a_time = self.reloading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let result = load(config).map(|Loaded { policies, shadow, tokens, route_secrets }| {
+        let result = load(config).map(|Loaded { policies, shadow, tokens, route_secrets, secrets }| {
             let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
             let loaded_at = SystemTime::now();
-            self.current.store(Arc::new(State { generation, policies, shadow, tokens, route_secrets, loaded_at }));
+            self.current.store(Arc::new(State {
+                generation,
+                policies,
+                shadow,
+                tokens,
+                route_secrets,
+                secrets,
+                loaded_at,
+            }));
             generation
         });
         let message = match &result {

@@ -6,8 +6,6 @@
 //! redacted from anything the upstream echoes back; bodies stream both ways (SSE
 //! arrives as produced); redirects are never followed; upstream TLS is verified.
 
-pub mod redact;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -28,6 +26,7 @@ use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody};
 use crate::policy::{DenyReason, Subject};
+use crate::redact;
 use crate::reload::State;
 
 pub type RouteClient = crate::https_client::HttpsClient;
@@ -160,19 +159,8 @@ pub async fn handle(
     // The redactor matches raw bytes: a compressed echo of the key would pass it. The
     // upstream was asked for `identity`; anything else is refused, never passed on.
     // A transfer coding other than chunked (which hyper decodes) would pass encoded
-    // bytes unlabelled once the hop-by-hop header is stripped. The value itself is
-    // never quoted: the upstream chose it, and it could carry the key.
-    let encoded = resp
-        .headers()
-        .get_all(header::CONTENT_ENCODING)
-        .iter()
-        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-        || resp
-            .headers()
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .any(|v| v.as_bytes().split(|b| *b == b',').any(|c| !c.trim_ascii().eq_ignore_ascii_case(b"chunked")));
-    if encoded {
+    // bytes unlabelled once the hop-by-hop header is stripped.
+    if redact::is_encoded(resp.headers()) {
         let detail = "the API answered with a content or transfer coding although identity was asked for; an \
                       encoded body cannot be redacted";
         return finish(&mut rec, DenyReason::UpstreamEncoding, None, detail, entry);

@@ -28,6 +28,8 @@ pub enum Kind {
     Unparsed,
     /// A transparent listener's connection (SNI or `Host`, no proxy settings).
     Transparent,
+    /// A request inside an inspected connection (TLS terminated by the gateway).
+    Inspect,
 }
 
 impl Kind {
@@ -38,6 +40,7 @@ impl Kind {
             Kind::Git => "git",
             Kind::Unparsed => "unparsed",
             Kind::Transparent => "transparent",
+            Kind::Inspect => "inspect",
         }
     }
 }

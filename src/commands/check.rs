@@ -51,7 +51,7 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
 
     let mut addresses = None;
     if args.resolve
-        && let Subject::Host(target) = &subject
+        && let Some(target) = subject.target()
     {
         // A peer is never looked up in DNS: it is the address its sandbox claims.
         let verdicts = match crate::policy::peer_id(target, &set.peer_suffix) {
@@ -104,12 +104,16 @@ fn notes(
     subject: &Subject,
 ) -> Vec<String> {
     let mut notes = Vec::new();
-    let Subject::Git { .. } = subject else { return notes };
     let Some(policy) =
         answer.policy.as_deref().and_then(|p| set.policies.get(p)).or_else(|| set.sandbox(sandbox).map(|s| &s.policy))
     else {
         return notes;
     };
+    if let Some(target) = subject.target() {
+        inspection_notes(cfg, policy, target, &mut notes);
+        return notes;
+    }
+    let Subject::Git { .. } = subject else { return notes };
     if policy.mode() == crate::policy::Mode::Report {
         notes.push(
             "policy is in report mode, but git rules are always enforced: the git route adds the gateway's \
@@ -125,6 +129,30 @@ fn notes(
         ));
     }
     notes
+}
+
+/// Whether the host is inspected (and by which rule), and the placeholders a sandbox
+/// under `policy` may send it.
+fn inspection_notes(
+    cfg: &Config,
+    policy: &crate::policy::Policy,
+    target: &crate::addr::Target,
+    notes: &mut Vec<String>,
+) {
+    match (policy.inspects(target), &cfg.intercept) {
+        (Some(rule), Some(i)) if i.never_inspects(&target.host) => {
+            notes.push(format!("{rule} at {} is overridden by intercept.never: an opaque tunnel", rule.location));
+        }
+        (Some(rule), Some(_)) => notes.push(format!(
+            "inspected ({rule} at {}): each request is decided by policies.{}.requests",
+            rule.location,
+            policy.name()
+        )),
+        _ => {}
+    }
+    for s in cfg.secrets.iter().filter(|s| s.bound_to(&target.host, policy.name())) {
+        notes.push(format!("placeholder {} is replaced by secret {:?} on this host", s.placeholder(), s.name));
+    }
 }
 
 fn deny(answer: &mut Answer, reason: DenyReason, hint: String) {

@@ -106,6 +106,7 @@ fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
         }
     }
     let has_repos = policy.rules().iter().any(|r| r.list == RuleList::GitRepos);
+    lint_inspection(cfg, policy, has_repos, &warn, out);
     if !has_repos && let Some(push) = policy.rules().iter().find(|r| r.list == RuleList::GitPush) {
         warn(out, push, "git.push without git.repos: no repository can be pushed to".into());
     }
@@ -144,6 +145,55 @@ fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
     }
 }
 
+/// Inspected hosts no request rule allows anything on, request rules for hosts the
+/// policy does not inspect, and inspect rules `intercept.never` overrides.
+fn lint_inspection(
+    cfg: &Config,
+    policy: &Policy,
+    has_repos: bool,
+    warn: &dyn Fn(&mut Vec<Warning>, &RuleSource, String),
+    out: &mut Vec<Warning>,
+) {
+    let requests = policy.request_rules();
+    for src in policy.rules().iter().filter(|r| r.list == RuleList::Inspect) {
+        let Ok(rule) = parse_rule(&src.text) else { continue };
+        let name = example_name(&rule.pattern);
+        if let (Some(i), Some(host)) = (&cfg.intercept, &name)
+            && i.never_inspects(host)
+        {
+            warn(out, src, "intercept.never lists this host: it is tunnelled, never inspected".into());
+            continue;
+        }
+        let git_host = name.as_ref().and_then(|h| h.as_name()).is_some_and(|n| n == cfg.github.web_host) && has_repos;
+        let allows = requests.iter().any(|r| {
+            r.action == crate::policy::requests::Action::Allow
+                && (name.as_ref().is_some_and(|h| r.host.matches(h))
+                    || example_name(&r.host).is_some_and(|h| rule.pattern.matches(&h)))
+        });
+        if !allows && !git_host {
+            warn(out, src, "inspected, but no request rule allows anything on it: every request is refused".into());
+        }
+    }
+    for (r, src) in requests.iter().filter_map(|r| policy.rules().get(r.rule).map(|s| (r, s))) {
+        let Some(host) = example_name(&r.host) else { continue };
+        let inspected = [443, 80]
+            .into_iter()
+            .any(|port| policy.inspects(&crate::addr::Target { host: host.clone(), port }).is_some());
+        if !inspected {
+            warn(out, src, format!("{host} is not in policies.{}.inspect: this rule is never applied", policy.name()));
+        }
+    }
+}
+
+/// A name a host pattern matches (for a suffix, one label below it).
+fn example_name(p: &HostPattern) -> Option<crate::addr::Host> {
+    match p {
+        HostPattern::Exact(n) => Some(crate::addr::Host::Name(n.clone())),
+        HostPattern::Suffix(s) => Some(crate::addr::Host::Name(format!("x.{s}"))),
+        HostPattern::Net(n) => Some(crate::addr::Host::Ip(n.network())),
+    }
+}
+
 /// The allow rules that let `policy` tunnel to GitHub's web host (github.com, or the
 /// configured GitHub Enterprise host) on port 443, beside the git route.
 pub fn github_tunnel_rules<'p>(cfg: &Config, policy: &'p Policy) -> Vec<&'p RuleSource> {
@@ -154,6 +204,11 @@ pub fn github_tunnel_rules<'p>(cfg: &Config, policy: &'p Policy) -> Vec<&'p Rule
     let mut rules: Vec<&RuleSource> = Vec::new();
     for host in hosts {
         let Ok(target) = crate::addr::parse_authority(&format!("{host}:443"), None) else { continue };
+        // Inspected: its git paths take the git route, the rest request rules.
+        let never = cfg.intercept.as_ref().is_some_and(|i| i.never_inspects(&target.host));
+        if cfg.intercept.is_some() && !never && policy.inspects(&target).is_some() {
+            continue;
+        }
         let decision = policy.decide(&target);
         if let crate::policy::Verdict::Allow { rule } = decision.verdict
             && !rules.contains(&rule)

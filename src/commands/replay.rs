@@ -15,7 +15,8 @@ use crate::config;
 use crate::policy::{self, Outcome, Subject};
 use crate::policy::{DenyReason, PolicySet};
 
-const POLICY_REASONS: [DenyReason; 6] = [
+const POLICY_REASONS: [DenyReason; 7] = [
+    DenyReason::RequestNotAllowed,
     DenyReason::HostNotAllowed,
     DenyReason::HostDenied,
     DenyReason::PortNotAllowed,
@@ -87,6 +88,17 @@ pub fn replay(lines: impl BufRead, set: &PolicySet) -> anyhow::Result<Summary> {
             continue;
         };
         let subject = match kind {
+            // `https://host/path?[redacted]`: the query is not logged, so it is not judged.
+            "inspect" => {
+                let url = target.split('?').next().unwrap_or(target);
+                match policy::parse_subject(url, None, v["method"].as_str()) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        summary.skipped += 1;
+                        continue;
+                    }
+                }
+            }
             "connect" | "forward" => match crate::addr::parse_authority(target, None) {
                 Ok(t) => Subject::Host(t),
                 Err(_) => {

@@ -22,11 +22,17 @@ pub struct Needs {
     pub repos: BTreeMap<String, u64>,
     pub push: BTreeMap<String, u64>,
     pub routes: BTreeMap<String, u64>,
+    /// Request rules inside inspected hosts, as `HOST METHOD PATH`.
+    pub requests: BTreeMap<String, u64>,
 }
 
 impl Needs {
     fn is_empty(&self) -> bool {
-        self.allow.is_empty() && self.repos.is_empty() && self.push.is_empty() && self.routes.is_empty()
+        self.allow.is_empty()
+            && self.repos.is_empty()
+            && self.push.is_empty()
+            && self.routes.is_empty()
+            && self.requests.is_empty()
     }
 }
 
@@ -138,7 +144,17 @@ pub fn suggest(
                     *needs.routes.entry(route.to_string()).or_default() += 1;
                 }
             }
-            "host_denied" => s.denied_by_rule += 1,
+            // Refused by no rule at all (a deny rule is named): an exact-path allow rule.
+            "request_not_allowed" if v["rule"].is_null() => {
+                let url = target.split('?').next().unwrap_or(target);
+                let (Some(method), Some(rest)) = (v["method"].as_str(), url.strip_prefix("https://")) else { continue };
+                let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                let Ok(t) = crate::addr::parse_authority(authority, Some(443)) else { continue };
+                let path = if path.is_empty() { "/" } else { path };
+                let key = format!("{} {method} {path}", t.host);
+                *needs.requests.entry(key).or_default() += 1;
+            }
+            "host_denied" | "request_not_allowed" => s.denied_by_rule += 1,
             _ => s.records -= 1,
         }
     }
@@ -172,6 +188,11 @@ fn print(out: &mut dyn Write, s: &Suggestion) -> std::io::Result<()> {
         list(out, "git.repos", &n.repos)?;
         list(out, "git.push", &n.push)?;
         list(out, "routes", &n.routes)?;
+        for (key, count) in &n.requests {
+            let Some((host, method, path)) = request_parts(key) else { continue };
+            writeln!(out, "[[policies.{name}.requests]]  # {count} request{}", if *count == 1 { "" } else { "s" })?;
+            writeln!(out, "host = {host:?}\nmethods = [{method:?}]\npaths = [{path:?}]\naction = \"allow\"")?;
+        }
     }
     Ok(())
 }
@@ -192,6 +213,7 @@ fn write_dir(src: &Path, dst: &Path, s: &Suggestion) -> anyhow::Result<()> {
                 add(p, &["git", "repos"], &needs.repos);
                 add(p, &["git", "push"], &needs.push);
                 add(p, &["routes"], &needs.routes);
+                add_requests(p, &needs.requests);
                 placed.insert(name);
                 changed = true;
             }
@@ -204,6 +226,29 @@ fn write_dir(src: &Path, dst: &Path, s: &Suggestion) -> anyhow::Result<()> {
         anyhow::bail!("policy {missing:?} is not defined in {}", src.display());
     }
     Ok(())
+}
+
+fn request_parts(key: &str) -> Option<(&str, &str, &str)> {
+    let (host, rest) = key.split_once(' ')?;
+    let (method, path) = rest.split_once(' ')?;
+    Some((host, method, path))
+}
+
+/// Appends an allow request rule per `(host, method, path)` to `requests`.
+fn add_requests(table: &mut toml::Table, items: &BTreeMap<String, u64>) {
+    if items.is_empty() {
+        return;
+    }
+    let entry = table.entry("requests".to_string()).or_insert_with(|| toml::Value::Array(Vec::new()));
+    let Some(array) = entry.as_array_mut() else { return };
+    for (host, method, path) in items.keys().filter_map(|k| request_parts(k)) {
+        let mut t = toml::Table::new();
+        t.insert("host".into(), toml::Value::String(host.into()));
+        t.insert("methods".into(), toml::Value::Array(vec![toml::Value::String(method.into())]));
+        t.insert("paths".into(), toml::Value::Array(vec![toml::Value::String(path.into())]));
+        t.insert("action".into(), toml::Value::String("allow".into()));
+        array.push(toml::Value::Table(t));
+    }
 }
 
 /// Appends `items` to the array at `path` under `table`, creating it, without repeats.

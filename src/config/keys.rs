@@ -81,25 +81,42 @@ pub fn load_verifier(config: &Config) -> Result<Verifier, ConfigError> {
 
 /// Reads every API route's injected secret (`routes[].inject`), so secrets rotate
 /// with a reload.
+/// Reads a secret from its file or environment variable; `key` is where it is
+/// configured (`routes[0].inject.secret`, `secrets[1].value`).
+fn read_secret(config: &Config, key: &str, source: &SecretSource) -> Result<String, ConfigError> {
+    match source {
+        SecretSource::File(p) => std::fs::read_to_string(p).map_err(|e| {
+            ConfigError::invalid(&config.file, format!("{key}_file"), format!("cannot read {}: {e}", p.display()))
+        }),
+        SecretSource::Env(v) => std::env::var(v).map_err(|_| {
+            ConfigError::invalid(&config.file, format!("{key}_env"), format!("environment variable {v} is not set"))
+        }),
+    }
+}
+
+/// The values of the placeholder secrets (`[[secrets]]`), by name.
+pub fn load_placeholder_secrets(config: &Config) -> Result<HashMap<String, Secret>, ConfigError> {
+    let mut out = HashMap::new();
+    for (i, s) in config.secrets.iter().enumerate() {
+        let value = read_secret(config, &format!("secrets[{i}].value"), &s.source)?;
+        let value = value.trim();
+        // A value holding a placeholder would be substituted again on the next pass.
+        if value.is_empty() || value.contains(crate::config::PLACEHOLDER_PREFIX) || value.contains(['\r', '\n']) {
+            return Err(ConfigError::invalid(
+                &config.file,
+                format!("secrets[{i}].value"),
+                "expected a non-empty one-line value",
+            ));
+        }
+        out.insert(s.name.clone(), Secret::new(value));
+    }
+    Ok(out)
+}
+
 pub fn load_route_secrets(config: &Config) -> Result<HashMap<String, Secret>, ConfigError> {
     let mut out = HashMap::new();
     for (i, r) in config.routes.iter().enumerate() {
-        let value = match &r.secret {
-            SecretSource::File(p) => std::fs::read_to_string(p).map_err(|e| {
-                ConfigError::invalid(
-                    &config.file,
-                    format!("routes[{i}].inject.secret_file"),
-                    format!("cannot read {}: {e}", p.display()),
-                )
-            })?,
-            SecretSource::Env(v) => std::env::var(v).map_err(|_| {
-                ConfigError::invalid(
-                    &config.file,
-                    format!("routes[{i}].inject.secret_env"),
-                    format!("environment variable {v} is not set"),
-                )
-            })?,
-        };
+        let value = read_secret(config, &format!("routes[{i}].inject.secret"), &r.secret)?;
         let value = value.trim();
         if value.is_empty() || http::HeaderValue::from_str(&format!("{}{value}", r.prefix)).is_err() {
             return Err(ConfigError::invalid(

@@ -54,7 +54,8 @@ pub fn load_policies(config: &Config) -> Result<PolicySet, ConfigError> {
             vec![Source::new(DisplayPath(label.clone()), text.clone())]
         }
     };
-    let mut set = compile(&sources, config.policy.mode, &config.egress.ports, &config.routes)?;
+    let mut set =
+        compile(&sources, config.policy.mode, &config.egress.ports, &config.routes, config.intercept.is_some())?;
     set.peer_suffix = config.egress.peer_suffix.clone();
     // A sidecar's one sandbox must exist: on a reload too (the old state stays).
     if let Some(id) = config.transparent.as_ref().and_then(|t| t.sandbox.as_ref())
@@ -79,7 +80,8 @@ pub fn load_shadow(config: &Config) -> Result<Option<PolicySet>, ConfigError> {
             format!("expected a directory of policy files, {} is not one", dir.display()),
         ));
     }
-    let mut set = compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports, &config.routes)?;
+    let mut set =
+        compile(&read_dir(dir)?, config.policy.mode, &config.egress.ports, &config.routes, config.intercept.is_some())?;
     set.peer_suffix = config.egress.peer_suffix.clone();
     Ok(Some(set))
 }
@@ -160,6 +162,7 @@ fn compile(
     default_mode: Mode,
     ports: &[u16],
     routes: &[RouteConfig],
+    inspection_on: bool,
 ) -> Result<PolicySet, ConfigError> {
     let mut policies: HashMap<String, Arc<Policy>> = HashMap::new();
     let mut defined_in: HashMap<String, DisplayPath> = HashMap::new();
@@ -227,6 +230,34 @@ fn compile(
                 b.budget(compile_budget(budget.get_ref()).map_err(|(k, e)| {
                     ConfigError::invalid(&src.file, format!("policies.{name}.budget.{k} (line {line})"), e)
                 })?);
+            }
+            for (i, rule) in def.inspect.iter().enumerate() {
+                let line = src.line_of(rule.span().start);
+                let key = format!("policies.{name}.inspect[{i}] (line {line})");
+                if !inspection_on {
+                    return Err(ConfigError::invalid(
+                        &src.file,
+                        key,
+                        "inspect needs an [intercept] section in the gateway config",
+                    ));
+                }
+                b.add_inspect(rule.get_ref(), &format!("{}:{line}", src.file))
+                    .map_err(|e| ConfigError::invalid(&src.file, key, e))?;
+            }
+            for (i, spanned) in def.requests.iter().enumerate() {
+                let line = src.line_of(spanned.span().start);
+                let r = spanned.get_ref();
+                let spec = crate::policy::requests::RequestSpec {
+                    host: &r.host,
+                    methods: &r.methods,
+                    paths: &r.paths,
+                    query: r.query.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+                    headers: r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+                    action: &r.action,
+                };
+                b.add_request(&spec, &format!("{}:{line}", src.file)).map_err(|(k, e)| {
+                    ConfigError::invalid(&src.file, format!("policies.{name}.requests[{i}].{k} (line {line})"), e)
+                })?;
             }
             b.require_vpce(def.vpce.clone());
             for (i, listed) in def.routes.iter().enumerate() {
@@ -360,7 +391,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<PolicySet, ConfigError> {
-        compile(&[Source::new(DisplayPath("p.toml".into()), text.into())], Mode::Enforce, &[80, 443], &[])
+        compile(&[Source::new(DisplayPath("p.toml".into()), text.into())], Mode::Enforce, &[80, 443], &[], true)
     }
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";

@@ -28,6 +28,55 @@ pub struct RawConfig {
     /// Absent: no transparent listeners.
     pub transparent: Option<RawTransparent>,
     pub limits: RawLimits,
+    /// Absent: no TLS inspection.
+    pub intercept: Option<RawIntercept>,
+    /// Placeholder credentials, each bound to hosts.
+    pub secrets: Vec<RawSecret>,
+}
+
+/// `[intercept]`: TLS inspection of the hosts policies list in `inspect`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIntercept {
+    /// The CA certificate (PEM) leaf certificates are signed with.
+    pub ca_cert_file: PathBuf,
+    /// Its private key (PEM, PKCS#8).
+    pub ca_key_file: PathBuf,
+    /// Hosts never inspected, whatever a policy says (certificate-pinning clients).
+    #[serde(default)]
+    pub never: Vec<String>,
+    /// Lifetime of a minted leaf certificate.
+    #[serde(default = "default_leaf_ttl", with = "humantime_serde")]
+    pub leaf_ttl: Duration,
+    /// Extra CA (PEM) upstream certificates may chain to, besides the system roots.
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub upstream_ca_file: Option<PathBuf>,
+}
+
+fn default_leaf_ttl() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+/// `[[secrets]]`: a credential the sandbox knows only as `EGRESS_SECRET_NAME`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSecret {
+    pub name: String,
+    #[serde(default, deserialize_with = "absent_if_empty")]
+    pub value_file: Option<PathBuf>,
+    #[serde(default)]
+    pub value_env: Option<String>,
+    /// Host rules (`api.openai.com`, `*.example.com`) the value may be sent to.
+    pub hosts: Vec<String>,
+    /// Policies whose sandboxes may use it; empty: every policy.
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// Also replace the placeholder in the query string.
+    #[serde(default)]
+    pub query: bool,
+    /// Also replace the placeholder in request bodies.
+    #[serde(default)]
+    pub body: bool,
 }
 
 /// `[limits]`: where per-sandbox limits and budgets are counted.
@@ -460,6 +509,30 @@ pub struct RawPolicy {
     pub accept_from: Vec<Spanned<String>>,
     /// Bytes, requests and new hosts per window.
     pub budget: Option<Spanned<RawBudget>>,
+    /// Hosts whose TLS the gateway terminates (needs `[intercept]`), so that each
+    /// request inside is decided by `requests`.
+    pub inspect: Vec<Spanned<String>>,
+    /// Request rules inside inspected hosts.
+    pub requests: Vec<Spanned<RawRequest>>,
+}
+
+/// `[[policies.NAME.requests]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRequest {
+    pub host: String,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// Parameter name -> value glob; all must match.
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
+    /// Header name -> value glob; all must match.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `"allow"` or `"deny"`.
+    pub action: String,
 }
 
 /// `[policies.NAME.budget]`.

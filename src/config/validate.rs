@@ -13,6 +13,7 @@ const MAX_PROXY_THREADS: usize = 256;
 mod admin;
 mod dns;
 mod github;
+mod intercept;
 mod limits;
 mod routes;
 mod tokens;
@@ -21,6 +22,7 @@ mod transparent;
 pub use admin::AdminConfig;
 pub use dns::{BlockMode, DnsAnswer, DnsConfig, RateLimitAction};
 pub use github::GithubConfig;
+pub use intercept::{InterceptConfig, PLACEHOLDER_PREFIX, SecretConfig};
 pub use limits::{LimitStore, LimitsConfig};
 pub use routes::RouteConfig;
 pub use tokens::{KeyAlg, KeySource, TokensConfig};
@@ -49,6 +51,10 @@ pub struct Config {
     pub github: GithubConfig,
     pub routes: Vec<RouteConfig>,
     pub limits: LimitsConfig,
+    /// TLS inspection; `None`: every CONNECT is an opaque tunnel.
+    pub intercept: Option<InterceptConfig>,
+    /// Placeholder credentials (`[[secrets]]`).
+    pub secrets: Vec<SecretConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -352,6 +358,11 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let github = github::validate_github(raw.github, file, base_dir)?;
     let routes = routes::validate_routes(raw.routes, file, base_dir)?;
     let transparent = raw.transparent.map(|t| transparent::validate_transparent(t, file)).transpose()?;
+    let intercept = raw.intercept.map(|i| intercept::validate_intercept(i, file, base_dir)).transpose()?;
+    let secrets = intercept::validate_secrets(raw.secrets, file, base_dir)?;
+    if !secrets.is_empty() && intercept.is_none() {
+        return Err(ConfigError::invalid(file, "secrets", "placeholder secrets need an [intercept] section"));
+    }
     let limits = limits::validate_limits(raw.limits, file, base_dir)?;
     Ok(Config {
         file: file.clone(),
@@ -367,6 +378,8 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         tokens,
         github,
         routes,
+        intercept,
+        secrets,
         limits,
     })
 }

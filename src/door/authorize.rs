@@ -65,7 +65,9 @@ pub fn authorize_as(
     rec.policy = Some(identity.policy.name().to_string());
     // `ID.sandboxes.internal`: another sandbox, whose policy has a say too.
     let subject = match subject {
-        Subject::Host(t) if policy::peer_id(&t, &state.policies.peer_suffix).is_some() => {
+        Subject::Host(t) | Subject::Request { target: t, .. }
+            if policy::peer_id(&t, &state.policies.peer_suffix).is_some() =>
+        {
             state.policies.subject_for(&identity.sandbox, &t)
         }
         other => other,
@@ -98,7 +100,7 @@ pub fn authorize_as(
     // Budgets count what is dialled: a refusal above spends nothing. Hosts by name: an
     // IP literal as written, a peer as `ID.SUFFIX` (what per-host overrides match).
     let host = match &subject {
-        Subject::Host(t) if t.host.as_name().is_none() => Some(t.host.to_string()),
+        Subject::Host(t) | Subject::Request { target: t, .. } if t.host.as_name().is_none() => Some(t.host.to_string()),
         Subject::Peer { sandbox, .. } => Some(format!("{sandbox}.{}", state.policies.peer_suffix)),
         _ => None,
     };
@@ -123,7 +125,7 @@ pub fn authorize_as(
 /// name), or the route it uses.
 fn budget_ask<'a>(identity: &'a Identity, subject: &'a Subject, named: Option<&'a str>) -> crate::budget::Ask<'a> {
     let (host, route) = match subject {
-        Subject::Host(t) => (t.host.as_name().or(named), None),
+        Subject::Host(t) | Subject::Request { target: t, .. } => (t.host.as_name().or(named), None),
         Subject::Peer { .. } => (named, None),
         Subject::Route { route, .. } => (None, Some(route.as_str())),
         Subject::Git { .. } => (None, None),

@@ -16,6 +16,15 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// The request's headers as a request rule sees them: lower-case names, values as
+/// text; never the proxy credentials.
+pub fn rule_headers(h: &HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .filter(|(k, _)| *k != header::PROXY_AUTHORIZATION)
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect()
+}
+
 pub fn is_upgrade(h: &HeaderMap) -> bool {
     h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
 }

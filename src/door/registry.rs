@@ -202,28 +202,47 @@ fn allowed(state: &State, e: &Entry) -> bool {
 
 /// The policy that governs `e` under `state`, if its credential is still good there.
 fn policy_for<'s>(state: &'s State, e: &Entry) -> Option<&'s Arc<Policy>> {
-    if state.tokens.is_revoked(&e.sandbox) {
+    governing(state, &e.sandbox, &e.policy, &e.credential)
+}
+
+/// The policy that governs `sandbox` (authenticated by `credential`, a signed token
+/// naming `policy`) under `state`, if the credential is still good there.
+fn governing<'s>(state: &'s State, sandbox: &str, policy: &str, credential: &Credential) -> Option<&'s Arc<Policy>> {
+    if state.tokens.is_revoked(sandbox) {
         return None;
     }
-    match &e.credential {
+    match credential {
         Credential::Static { token_sha256 } => {
-            let sbx = state.policies.sandbox(&e.sandbox)?;
+            let sbx = state.policies.sandbox(sandbox)?;
             (sbx.token_sha256 == *token_sha256).then_some(&sbx.policy)
         }
         Credential::Network { addr: Some(ip) } => {
-            let sbx = state.policies.sandbox_at(*ip).filter(|s| s.id == e.sandbox)?;
+            let sbx = state.policies.sandbox_at(*ip).filter(|s| s.id == sandbox)?;
             Some(&sbx.policy)
         }
-        Credential::Network { addr: None } => state.policies.sandbox(&e.sandbox).map(|s| &s.policy),
+        Credential::Network { addr: None } => state.policies.sandbox(sandbox).map(|s| &s.policy),
         Credential::Signed { kid, key, jti, .. } => {
             if state.tokens.key_fingerprint(kid) != Some(*key)
                 || jti.as_ref().is_some_and(|j| state.tokens.is_revoked(j))
             {
                 return None;
             }
-            state.policies.policies.get(&e.policy)
+            state.policies.policies.get(policy)
         }
     }
+}
+
+/// `identity` (established when its connection opened) under `state`: the policy that
+/// governs it now, or `None` when its credential no longer holds (rotated, revoked,
+/// expired). Requests inside an inspected connection are identified this way.
+pub fn refreshed(state: &State, identity: &Identity, now: u64) -> Option<Identity> {
+    if let Credential::Signed { expires, .. } = identity.credential
+        && expires < now
+    {
+        return None;
+    }
+    let policy = governing(state, &identity.sandbox, identity.policy.name(), &identity.credential)?;
+    Some(Identity { policy: policy.clone(), ..identity.clone() })
 }
 
 /// What a request holds for as long as any of its bodies flows: its registration

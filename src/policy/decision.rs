@@ -24,10 +24,12 @@ pub enum DenyReason {
     LimitExceeded,
     UpstreamEncoding,
     PeerNotAllowed,
+    RequestNotAllowed,
+    SecretNotAllowed,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 19] = [
+    pub const ALL: [DenyReason; 21] = [
         DenyReason::AuthRequired,
         DenyReason::AuthInvalid,
         DenyReason::TokenExpired,
@@ -47,6 +49,8 @@ impl DenyReason {
         DenyReason::LimitExceeded,
         DenyReason::UpstreamEncoding,
         DenyReason::PeerNotAllowed,
+        DenyReason::RequestNotAllowed,
+        DenyReason::SecretNotAllowed,
     ];
 
     pub fn code(self) -> &'static str {
@@ -70,6 +74,8 @@ impl DenyReason {
             DenyReason::LimitExceeded => "limit_exceeded",
             DenyReason::UpstreamEncoding => "upstream_encoding",
             DenyReason::PeerNotAllowed => "peer_not_allowed",
+            DenyReason::RequestNotAllowed => "request_not_allowed",
+            DenyReason::SecretNotAllowed => "secret_not_allowed",
         }
     }
 
@@ -95,6 +101,8 @@ impl DenyReason {
             DenyReason::LimitExceeded => "a gateway limit was exceeded",
             DenyReason::UpstreamEncoding => "the upstream answered with a content coding the gateway cannot redact",
             DenyReason::PeerNotAllowed => "the sandboxes' policies do not both allow this connection",
+            DenyReason::RequestNotAllowed => "no request rule of the sandbox policy allows this request",
+            DenyReason::SecretNotAllowed => "the request carries a secret placeholder for a host it is not bound to",
         }
     }
 }
@@ -122,6 +130,10 @@ pub enum RuleList {
     Peers,
     /// `accept_from`: other sandboxes this policy's sandboxes accept connections from.
     AcceptFrom,
+    /// `inspect`: hosts whose TLS is terminated and whose requests are decided one by one.
+    Inspect,
+    /// `[[requests]]`: a request rule inside an inspected host.
+    Requests,
 }
 
 impl RuleList {
@@ -136,6 +148,8 @@ impl RuleList {
             RuleList::AllowAll => "allow_all",
             RuleList::Peers => "peers",
             RuleList::AcceptFrom => "accept_from",
+            RuleList::Inspect => "inspect",
+            RuleList::Requests => "requests",
         }
     }
 }
@@ -154,7 +168,9 @@ impl RuleSource {
     /// as `routes "NAME"`.
     pub fn logged(&self) -> String {
         match self.list {
-            RuleList::Routes | RuleList::Peers | RuleList::AcceptFrom => self.to_string(),
+            RuleList::Routes | RuleList::Peers | RuleList::AcceptFrom | RuleList::Inspect | RuleList::Requests => {
+                self.to_string()
+            }
             _ => self.text.clone(),
         }
     }

@@ -31,6 +31,16 @@ impl Answer {
 /// Decides `subject` for `sandbox` under `policy`, with a signed token's `repos` claim
 /// (`narrow`) when there is one.
 pub fn explain(sandbox: &str, policy: &Policy, narrow: Option<&[String]>, subject: &Subject) -> Answer {
+    // A request to a host the policy does not inspect is decided (and shown) as the
+    // host: the tunnel is opaque.
+    let host;
+    let subject = match subject {
+        Subject::Request { target, .. } if policy.inspects(target).is_none() => {
+            host = Subject::Host(target.clone());
+            &host
+        }
+        other => other,
+    };
     let decision = decide(policy, subject, narrow);
     Answer {
         sandbox: sandbox.to_string(),
@@ -49,7 +59,7 @@ pub fn explain(sandbox: &str, policy: &Policy, narrow: Option<&[String]>, subjec
 pub fn evaluate(set: &PolicySet, sandbox_id: &str, subject: &Subject) -> Answer {
     let peer;
     let subject = match subject {
-        Subject::Host(t) => {
+        Subject::Host(t) | Subject::Request { target: t, .. } if super::peer_id(t, &set.peer_suffix).is_some() => {
             peer = set.subject_for(sandbox_id, t);
             &peer
         }
@@ -111,6 +121,20 @@ pub fn hint(policy: &Policy, reason: DenyReason, subject: &Subject, decision: &D
             Some(_) => format!("path {} is not allowed on route {route}", path_only(path)),
         }),
         (DenyReason::BadRequest, Subject::Route { .. }) => Some("path traversal is not allowed".into()),
+        (DenyReason::BadRequest, Subject::Request { .. }) => {
+            Some("the path climbs or encodes a separator (.., //, %2F): it cannot be judged".into())
+        }
+        (DenyReason::RequestNotAllowed, Subject::Request { target, method, path, .. }) => Some(match decision.rule() {
+            Some(r) => format!("denied by {r}{}", at(&r.location)),
+            None => format!(
+                "{} is inspected: no request rule allows {method} {}; to allow it, add [[policies.{name}.requests]] \
+                 host = \"{}\" methods = [\"{method}\"] paths = [\"{}\"] action = \"allow\"",
+                target.host,
+                path_only(path),
+                target.host,
+                path_only(path)
+            ),
+        }),
         (DenyReason::PeerNotAllowed, Subject::Peer { sandbox, .. }) => Some(match decision.rule() {
             None => {
                 format!("to allow it, add \"{sandbox}\" to policies.{name}.peers (and the caller to its accept_from)")
@@ -121,6 +145,10 @@ pub fn hint(policy: &Policy, reason: DenyReason, subject: &Subject, decision: &D
         }),
         _ => None,
     }
+}
+
+fn at(location: &str) -> String {
+    if location.is_empty() { String::new() } else { format!(" at {location}") }
 }
 
 /// The path without its query.

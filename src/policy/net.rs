@@ -121,6 +121,10 @@ impl NetRules {
         self.entries.push(entry);
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     pub fn matching(&self, ip: IpAddr) -> impl Iterator<Item = &NetEntry> {
         let ip = canonical(ip);
         self.entries.iter().filter(move |e| e.net.contains(&ip))

@@ -21,6 +21,21 @@ pub enum HostPattern {
     Net(IpNet),
 }
 
+impl HostPattern {
+    /// True when `host` (normalised) is what the pattern names: the exact name, a name
+    /// strictly below the suffix, or an IP literal inside the network.
+    pub fn matches(&self, host: &Host) -> bool {
+        match (self, host) {
+            (HostPattern::Exact(p), Host::Name(n)) => p == n,
+            (HostPattern::Suffix(s), Host::Name(n)) => {
+                n.len() > s.len() && n.ends_with(s.as_str()) && n.as_bytes()[n.len() - s.len() - 1] == b'.'
+            }
+            (HostPattern::Net(net), Host::Ip(ip)) => net.contains(&super::net::canonical(*ip)),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PortSpec {
     /// No port written: the default ports in an allow list, any port in a deny list.

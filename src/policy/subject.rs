@@ -19,6 +19,21 @@ pub enum Subject {
     /// reached at (`None`: it has none, and cannot be reached). A reload that moves
     /// the peer ends connections held to the old address.
     Peer { sandbox: String, labels: Vec<String>, port: u16, accepted: bool, address: Option<std::net::IpAddr> },
+    /// One request to `target` (HTTPS inside an inspected host, or plain HTTP through
+    /// the proxy to a host the policy inspects): its method, path as sent (with its
+    /// query) and headers (lower-case names; never `Proxy-Authorization`). Decided by
+    /// request rules where the policy inspects the host, by the host rules elsewhere.
+    Request { target: Target, method: String, path: String, headers: Vec<(String, String)> },
+}
+
+impl Subject {
+    /// The destination a host or request subject names.
+    pub fn target(&self) -> Option<&Target> {
+        match self {
+            Subject::Host(t) | Subject::Request { target: t, .. } => Some(t),
+            _ => None,
+        }
+    }
 }
 
 /// What a git request does to its repository.
@@ -46,6 +61,14 @@ impl std::fmt::Display for Subject {
             }
             Subject::Route { route, method, path } => write!(f, "route:{route} {method} {path}"),
             Subject::Peer { sandbox, port, .. } => write!(f, "peer {sandbox}:{port}"),
+            Subject::Request { target, method, path, .. } => {
+                let path = path.split('?').next().unwrap_or("/");
+                match target.port {
+                    80 => write!(f, "{method} http://{}{path}", target.host),
+                    443 => write!(f, "{method} https://{}{path}", target.host),
+                    _ => write!(f, "{method} https://{target}{path}"),
+                }
+            }
         }
     }
 }
@@ -97,7 +120,14 @@ pub fn parse_subject(target: &str, push: Option<&str>, method: Option<&str>) -> 
             Ok(Subject::Git { repo, access })
         }
         _ if push.is_some() => Err(format!("--push needs a git URL on {}", GIT_HOSTS.join(", "))),
-        _ => Ok(Subject::Host(host)),
+        // A request: decided by request rules where the policy inspects the host, by
+        // the host rules elsewhere (`explain` shows it as the host then).
+        _ => {
+            let path = path.split('#').next().unwrap_or("");
+            let path = if path.is_empty() || path.starts_with('?') { format!("/{path}") } else { path.to_string() };
+            let method = method.unwrap_or("GET").to_ascii_uppercase();
+            Ok(Subject::Request { target: host, method, path, headers: Vec::new() })
+        }
     }
 }
 
@@ -117,8 +147,17 @@ mod tests {
     fn subjects() {
         let parse = |t: &str| parse_subject(t, None, None);
         assert_eq!(parse("pypi.org:443").unwrap().to_string(), "pypi.org:443");
-        assert_eq!(parse("https://PyPI.org/simple/").unwrap().to_string(), "pypi.org:443");
-        assert_eq!(parse("http://example.com").unwrap().to_string(), "example.com:80");
+        assert_eq!(parse("https://PyPI.org/simple/?q=1").unwrap().to_string(), "GET https://pypi.org/simple/");
+        assert_eq!(parse("http://example.com").unwrap().to_string(), "GET http://example.com/");
+        assert_eq!(
+            parse_subject("https://api.github.com:8443/repos?x", None, Some("post")).unwrap(),
+            Subject::Request {
+                target: addr::parse_authority("api.github.com:8443", None).unwrap(),
+                method: "POST".into(),
+                path: "/repos?x".into(),
+                headers: vec![]
+            }
+        );
         assert_eq!(
             parse("https://github.com/acme/widgets.git").unwrap(),
             Subject::Git { repo: "acme/widgets".into(), access: GitAccess::Read }
@@ -130,7 +169,10 @@ mod tests {
                 access: GitAccess::Ref { name: "refs/heads/x".into(), delete: false }
             }
         );
-        assert_eq!(parse("https://github.com/acme/widgets").unwrap().to_string(), "github.com:443");
+        assert_eq!(
+            parse("https://github.com/acme/widgets").unwrap().to_string(),
+            "GET https://github.com/acme/widgets"
+        );
         assert_eq!(
             parse_subject("route:openai/v1/chat", None, Some("post")).unwrap(),
             Subject::Route { route: "openai".into(), method: "POST".into(), path: "/v1/chat".into() }

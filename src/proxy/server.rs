@@ -251,7 +251,7 @@ pub(super) async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Sha
 async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
     if cfg.proxy_protocol == ProxyProtocol::Off {
-        return Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None });
+        return Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None, identity: None });
     }
     let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
     let reject = |why: &'static str| {
@@ -273,12 +273,13 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
                     client_cn: None,
                     slot: None,
                     pending: None,
+                    identity: None,
                 }),
                 Err(_) => reject("malformed_header"),
             }
         }
         (_, _, ProxyProtocol::Required) => reject("missing_header"),
-        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None }),
+        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None, identity: None }),
     }
 }
 

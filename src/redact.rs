@@ -1,7 +1,8 @@
 //! Removes a secret from a response as it streams: an upstream that echoes the injected
 //! key (in an error message, say) must not hand it to the sandbox. Only a tail that
 //! could be the start of the secret is held back between chunks, so server-sent events
-//! still arrive as they are produced.
+//! still arrive as they are produced. The same streaming replacement puts a placeholder
+//! secret's value into a request body ([`RedactBody::replacing`]).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -10,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame};
 
-use crate::door::BoxError;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub const MARK: &str = "[REDACTED]";
 
@@ -45,6 +46,17 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
     }
 }
 
+/// True when a response carries a content coding other than identity, or a transfer
+/// coding other than chunked (which hyper decodes): its bytes cannot be redacted as
+/// they stream. The value itself is never quoted: the upstream chose it, and it could
+/// carry the secret.
+pub fn is_encoded(h: &HeaderMap) -> bool {
+    h.get_all(http::header::CONTENT_ENCODING).iter().any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+        || h.get_all(http::header::TRANSFER_ENCODING)
+            .iter()
+            .any(|v| v.as_bytes().split(|b| *b == b',').any(|c| !c.trim_ascii().eq_ignore_ascii_case(b"chunked")))
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -52,11 +64,16 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// Replaces every occurrence of `secret` in `buf`; returns the text to emit now and the
 /// tail to hold back (a proper prefix of the secret at the end of `buf`).
 pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    scrub_with(buf, secret, MARK.as_bytes())
+}
+
+/// [`scrub`], writing `replacement` for each occurrence.
+pub fn scrub_with(buf: &[u8], secret: &[u8], replacement: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut out = Vec::with_capacity(buf.len());
     let mut i = 0;
     while i < buf.len() {
         if !secret.is_empty() && buf[i..].starts_with(secret) {
-            out.extend_from_slice(MARK.as_bytes());
+            out.extend_from_slice(replacement);
             i += secret.len();
         } else {
             out.push(buf[i]);
@@ -73,13 +90,25 @@ pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
 pub struct RedactBody<B> {
     inner: B,
     secret: Vec<u8>,
+    replacement: Vec<u8>,
     carry: BytesMut,
     done: bool,
 }
 
 impl<B> RedactBody<B> {
     pub fn new(inner: B, secret: &str) -> Self {
-        RedactBody { inner, secret: secret.as_bytes().to_vec(), carry: BytesMut::new(), done: false }
+        Self::replacing(inner, secret, MARK)
+    }
+
+    /// Writes `replacement` wherever `needle` streams past.
+    pub fn replacing(inner: B, needle: &str, replacement: &str) -> Self {
+        RedactBody {
+            inner,
+            secret: needle.as_bytes().to_vec(),
+            replacement: replacement.as_bytes().to_vec(),
+            carry: BytesMut::new(),
+            done: false,
+        }
     }
 }
 
@@ -102,17 +131,18 @@ where
                 Ok(data) => {
                     let mut buf = std::mem::take(&mut self.carry);
                     buf.extend_from_slice(&data);
-                    let (out, tail) = scrub(&buf, &self.secret);
+                    let (out, tail) = scrub_with(&buf, &self.secret, &self.replacement);
                     self.carry = BytesMut::from(&tail[..]);
                     Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
                 }
                 // Trailers: redacted like headers.
                 Err(frame) => match frame.into_trailers() {
-                    Ok(mut trailers) => {
+                    Ok(mut trailers) if self.replacement == MARK.as_bytes() => {
                         let secret = String::from_utf8_lossy(&self.secret).into_owned();
                         headers(&mut trailers, &secret);
                         Poll::Ready(Some(Ok(Frame::trailers(trailers))))
                     }
+                    Ok(trailers) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
                     Err(frame) => Poll::Ready(Some(Ok(frame))),
                 },
             },

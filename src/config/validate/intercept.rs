@@ -1,0 +1,125 @@
+//! The `[intercept]` section (TLS inspection) and the `[[secrets]]` entries
+//! (placeholder credentials bound to hosts).
+
+#[allow(clippy::wildcard_imports, reason = "a section of validate.rs: its helpers and imports")]
+use super::*;
+use crate::policy::{HostPattern, parse_rule};
+
+/// `[intercept]`.
+#[derive(Debug, Clone)]
+pub struct InterceptConfig {
+    pub ca_cert_file: PathBuf,
+    pub ca_key_file: PathBuf,
+    /// Hosts never inspected (certificate-pinning clients); their CONNECTs are tunnels.
+    pub never: Vec<HostPattern>,
+    pub leaf_ttl: Duration,
+    pub upstream_ca_file: Option<PathBuf>,
+}
+
+impl InterceptConfig {
+    /// True when `host` is listed in `intercept.never`.
+    pub fn never_inspects(&self, host: &crate::addr::Host) -> bool {
+        self.never.iter().any(|p| p.matches(host))
+    }
+}
+
+/// One `[[secrets]]` entry: what the sandbox holds is [`SecretConfig::placeholder`].
+#[derive(Debug, Clone)]
+pub struct SecretConfig {
+    pub name: String,
+    pub source: SecretSource,
+    pub hosts: Vec<HostPattern>,
+    /// Empty: every policy.
+    pub policies: Vec<String>,
+    pub query: bool,
+    pub body: bool,
+}
+
+/// What every placeholder starts with.
+pub const PLACEHOLDER_PREFIX: &str = "EGRESS_SECRET_";
+
+impl SecretConfig {
+    /// `EGRESS_SECRET_NAME`: the text the sandbox holds instead of the value.
+    pub fn placeholder(&self) -> String {
+        format!("{PLACEHOLDER_PREFIX}{}", self.name)
+    }
+
+    /// True when the value may be sent to `host` by a sandbox under `policy`.
+    pub fn bound_to(&self, host: &crate::addr::Host, policy: &str) -> bool {
+        self.hosts.iter().any(|p| p.matches(host))
+            && (self.policies.is_empty() || self.policies.iter().any(|p| p == policy))
+    }
+}
+
+pub(super) fn validate_intercept(
+    raw: crate::config::raw::RawIntercept,
+    file: &DisplayPath,
+    base_dir: &Path,
+) -> Result<InterceptConfig, ConfigError> {
+    let mut never = Vec::with_capacity(raw.never.len());
+    for (i, n) in raw.never.iter().enumerate() {
+        let rule = parse_rule(n).map_err(|e| ConfigError::invalid(file, format!("intercept.never[{i}]"), e))?;
+        never.push(rule.pattern);
+    }
+    if raw.leaf_ttl < Duration::from_secs(300) || raw.leaf_ttl > Duration::from_secs(30 * 24 * 3600) {
+        return Err(ConfigError::invalid(file, "intercept.leaf_ttl", "expected a lifetime from 5m to 30d"));
+    }
+    Ok(InterceptConfig {
+        ca_cert_file: clean_path(&base_dir.join(raw.ca_cert_file)),
+        ca_key_file: clean_path(&base_dir.join(raw.ca_key_file)),
+        never,
+        leaf_ttl: raw.leaf_ttl,
+        upstream_ca_file: raw.upstream_ca_file.map(|p| clean_path(&base_dir.join(p))),
+    })
+}
+
+pub(super) fn validate_secrets(
+    raw: Vec<crate::config::raw::RawSecret>,
+    file: &DisplayPath,
+    base_dir: &Path,
+) -> Result<Vec<SecretConfig>, ConfigError> {
+    let mut out: Vec<SecretConfig> = Vec::with_capacity(raw.len());
+    for (i, s) in raw.into_iter().enumerate() {
+        let key = |k: &str| format!("secrets[{i}].{k}");
+        let valid = !s.name.is_empty()
+            && s.name.len() <= 64
+            && s.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !valid || out.iter().any(|o| o.name == s.name) {
+            return Err(ConfigError::invalid(
+                file,
+                key("name"),
+                "expected a unique name of letters, digits, '-' or '_'",
+            ));
+        }
+        // One placeholder must never be the start of another: `EGRESS_SECRET_a` would
+        // be found inside `EGRESS_SECRET_ab`.
+        if let Some(o) = out.iter().find(|o| o.name.starts_with(&s.name) || s.name.starts_with(&o.name)) {
+            return Err(ConfigError::invalid(
+                file,
+                key("name"),
+                format!("{:?} and {:?}: one name may not start with another", s.name, o.name),
+            ));
+        }
+        let source = match (s.value_file, s.value_env) {
+            (Some(f), None) => SecretSource::File(clean_path(&base_dir.join(f))),
+            (None, Some(env)) => SecretSource::Env(env),
+            _ => {
+                return Err(ConfigError::invalid(
+                    file,
+                    key("value_file"),
+                    "expected exactly one of value_file and value_env",
+                ));
+            }
+        };
+        if s.hosts.is_empty() {
+            return Err(ConfigError::invalid(file, key("hosts"), "expected at least one host the secret is bound to"));
+        }
+        let mut hosts = Vec::with_capacity(s.hosts.len());
+        for (j, h) in s.hosts.iter().enumerate() {
+            let rule = parse_rule(h).map_err(|e| ConfigError::invalid(file, format!("secrets[{i}].hosts[{j}]"), e))?;
+            hosts.push(rule.pattern);
+        }
+        out.push(SecretConfig { name: s.name, source, hosts, policies: s.policies, query: s.query, body: s.body });
+    }
+    Ok(out)
+}

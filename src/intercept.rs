@@ -1,0 +1,119 @@
+//! Handler: TLS inspection. A CONNECT (or transparent connection) to a host the
+//! sandbox's policy lists in `inspect` is terminated here with a leaf certificate
+//! minted for the name (`intercept::ca`); the requests inside (HTTP/1.1 or HTTP/2, by
+//! ALPN) are served one by one and each is decided on its own. The dispatcher
+//! chooses, per request, the git route, an API route or [`request::handle`], which
+//! decides request rules, swaps placeholder secrets (`intercept::secrets`) and sends
+//! the request on over a fresh, verified, pooled TLS connection.
+
+pub mod ca;
+pub mod github_api;
+pub mod request;
+pub mod secrets;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::addr::{Host, Target};
+use crate::config::InterceptConfig;
+use crate::door::ProxyBody;
+use crate::https_client::{HttpsClient, HttpsConnector};
+use crate::resolve::Resolver;
+
+/// What inspection runs with: the CA and the upstream client.
+pub struct Intercept {
+    pub ca: ca::Authority,
+    /// Pooled per host; verifies upstream certificates against the system roots plus
+    /// `intercept.upstream_ca_file`; resumes TLS sessions.
+    pub client: HttpsClient,
+}
+
+impl Intercept {
+    pub fn new(cfg: &InterceptConfig, resolver: Arc<Resolver>) -> Result<Intercept, String> {
+        let ca = ca::Authority::load(&cfg.ca_cert_file, &cfg.ca_key_file, cfg.leaf_ttl)?;
+        let tls = crate::https_client::client_config(cfg.upstream_ca_file.as_deref())?;
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(32)
+            .build(HttpsConnector::new(resolver, tls));
+        Ok(Intercept { ca, client })
+    }
+}
+
+/// Terminates the client's TLS on `io` as `target`'s host. A ClientHello whose SNI
+/// names another host is refused: the name decided is the name served.
+pub async fn accept<IO>(ca: &ca::Authority, io: IO, target: &Target, timeout: Duration) -> Result<TlsStream<IO>, String>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let acceptor = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(timeout, acceptor).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(format!("not a TLS ClientHello: {e}")),
+        Err(_) => return Err("no TLS ClientHello in time".into()),
+    };
+    if let Some(sni) = start.client_hello().server_name() {
+        let same = match &target.host {
+            Host::Name(n) => sni.trim_end_matches('.').eq_ignore_ascii_case(n),
+            Host::Ip(_) => false,
+        };
+        if !same {
+            return Err(format!("the TLS server name {sni:?} is not the inspected host {}", target.host));
+        }
+    }
+    let config = ca.server_config(&target.host)?;
+    match tokio::time::timeout(timeout, start.into_stream(config)).await {
+        Ok(Ok(tls)) => Ok(tls),
+        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
+        Err(_) => Err("TLS handshake timed out".into()),
+    }
+}
+
+/// Serves HTTP (HTTP/2 when the client chose it by ALPN, else HTTP/1.1 with upgrades)
+/// on an inspected connection, each request through `handler`, until the client
+/// closes or `cancel` fires.
+pub async fn serve<IO, F, Fut>(tls: TlsStream<IO>, cancel: CancellationToken, header_timeout: Duration, handler: F)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let service = service_fn(move |req| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(handler(req).await) }
+    });
+    let io = TokioIo::new(tls);
+    let result = if h2 {
+        let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new()).max_concurrent_streams(128);
+        let conn = b.serve_connection(io, service);
+        tokio::pin!(conn);
+        tokio::select! {
+            r = conn.as_mut() => r,
+            _ = cancel.cancelled() => { conn.as_mut().graceful_shutdown(); Ok(()) }
+        }
+    } else {
+        let mut b = hyper::server::conn::http1::Builder::new();
+        b.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+        let conn = b.serve_connection(io, service).with_upgrades();
+        tokio::pin!(conn);
+        tokio::select! {
+            r = conn.as_mut() => r,
+            _ = cancel.cancelled() => { conn.as_mut().graceful_shutdown(); Ok(()) }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "inspected connection ended with an error");
+    }
+}

@@ -1,0 +1,238 @@
+//! One request inside an inspected connection: decided by the policy's request rules
+//! (and, on the GitHub API, by its `git` rules for writes), placeholders swapped, then
+//! sent on to the inspected host over verified TLS. Bodies stream both ways; a `101`
+//! upgrade (WebSocket) becomes a relayed tunnel.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::Intercept;
+use super::secrets::{self, Swapped};
+use crate::access_log::{AccessRecord, Kind, raw_target};
+use crate::addr::Target;
+use crate::budget::Dir;
+use crate::dial::UpstreamAddr;
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
+use crate::door::headers::{is_upgrade, strip_hop_by_hop};
+use crate::door::record::refuse_as as finish;
+use crate::door::registry::{ENDED_HINT, Revocable};
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
+use crate::policy::{self, DenyReason, Outcome, Subject};
+use crate::redact;
+use crate::reload::State;
+
+/// Largest JSON body read to find the ref a GitHub API write names.
+const MAX_API_BODY: usize = 1024 * 1024;
+
+pub async fn handle(
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    intercept: &Intercept,
+    state: Arc<State>,
+    target: &Target,
+) -> Response<ProxyBody> {
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let shown = if target.port == 443 { target.host.to_string() } else { target.to_string() };
+    let mut rec = AccessRecord::with_vpce(
+        Kind::Inspect,
+        req.method().as_str(),
+        raw_target(&format!("https://{shown}{path}")),
+        conn.peer,
+        state.generation,
+        conn.vpce.clone(),
+    );
+    let method = req.method().as_str().to_string();
+    let identity = match door::identified(door, &state, conn, Presented::proxy(req.headers())) {
+        Ok(i) => i,
+        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+    };
+
+    let line = request_line_len(&req);
+    let wants_upgrade = is_upgrade(req.headers());
+    let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    let mut body = Some(body);
+
+    // On the GitHub API, writes to refs and contents are judged by the git rules too.
+    let api_write = (target.host.as_name() == door.config.github.api_url.host())
+        .then(|| super::github_api::write_of(&method, parts.uri.path()))
+        .flatten();
+    let mut buffered: Option<Bytes> = None;
+    if let Some(write) = &api_write {
+        let json = if let (super::github_api::RefAt::Body { .. }, Some(b)) = (&write.at, body.take()) {
+            let idle = door.config.proxy.tunnel_idle_timeout;
+            match tokio::time::timeout(idle, Limited::new(b, MAX_API_BODY).collect()).await {
+                Ok(Ok(collected)) => {
+                    let bytes = collected.to_bytes();
+                    let value = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+                    buffered = Some(bytes);
+                    value
+                }
+                _ => {
+                    let hint = "the API request body could not be read (at most 1 MiB of JSON)";
+                    return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+                }
+            }
+        } else {
+            None
+        };
+        for subject in super::github_api::subjects(write, json.as_ref()) {
+            let d = policy::decide(&identity.policy, &subject, identity.repos.as_deref());
+            if let Some(reason) = d.reason() {
+                rec.sandbox = Some(identity.sandbox.clone());
+                rec.policy = Some(identity.policy.name().to_string());
+                let hint = policy::hint(&identity.policy, reason, &subject, &d).unwrap_or_default();
+                let refusal = Refusal {
+                    reason,
+                    hint: Some(format!("{subject}: {hint}")),
+                    rule: None,
+                    status: None,
+                    budget: None,
+                };
+                return door::refuse(&mut rec, refusal, Entry::Absolute);
+            }
+        }
+    }
+
+    let subject = Subject::Request {
+        target: target.clone(),
+        method: method.clone(),
+        path: path.clone(),
+        headers: crate::door::headers::rule_headers(&parts.headers),
+    };
+    let hold = match door::authorize_as(door, &state, &mut rec, conn, identity.clone(), subject) {
+        Ok(a) => a.hold,
+        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+    };
+    if let Err(refusal) = charge_head(&hold, Dir::Up, line, &parts.headers) {
+        return door::refuse(&mut rec, refusal, Entry::Absolute);
+    }
+    let swapped = match secrets::swap(
+        &mut parts,
+        &target.host,
+        identity.policy.name(),
+        &door.config.secrets,
+        &state.secrets,
+    ) {
+        Ok(s) => s,
+        Err(m) => {
+            tracing::warn!(sandbox = %identity.sandbox, target = %rec.target, "a secret placeholder was sent to a host it is not bound to");
+            return finish(&mut rec, DenyReason::SecretNotAllowed, None, &m.hint, Entry::Absolute);
+        }
+    };
+    // Report mode never lends the gateway's credential to a request the rules refuse.
+    if swapped.any() && rec.decision == Outcome::WouldDeny {
+        let hint = "this request carries a placeholder secret, and the policy (in report mode) does not allow it";
+        return finish(&mut rec, DenyReason::RequestNotAllowed, None, hint, Entry::Absolute);
+    }
+
+    let bytes_up = Arc::new(AtomicU64::new(0));
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    let body: ProxyBody = match (buffered, body) {
+        (Some(b), _) => Full::new(b).map_err(|never| match never {}).boxed_unsync(),
+        (None, Some(b)) => b.map_err(Into::into).boxed_unsync(),
+        (None, None) => respond::empty(),
+    };
+    let mut body: ProxyBody =
+        Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)
+            .boxed_unsync();
+    for (placeholder, value) in &swapped.body {
+        body = redact::RedactBody::replacing(body, placeholder, value).boxed_unsync();
+    }
+
+    let uri = format!("https://{target}{}", parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+    let Ok(uri) = uri.parse::<http::Uri>() else {
+        return finish(&mut rec, DenyReason::BadRequest, None, "invalid request path", Entry::Absolute);
+    };
+    strip_hop_by_hop(&mut parts.headers, wants_upgrade);
+    parts.headers.remove(header::HOST);
+    if !swapped.body.is_empty() {
+        // The replacement changes the length: the body goes chunked.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    if swapped.any() {
+        // The response is redacted byte by byte: ask for it unencoded.
+        parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        parts.headers.remove(header::RANGE);
+        parts.headers.remove(header::IF_RANGE);
+    }
+    let mut up = Request::new(body);
+    *up.method_mut() = parts.method.clone();
+    *up.uri_mut() = uri;
+    *up.headers_mut() = std::mem::take(&mut parts.headers);
+    if let Ok(h) = HeaderValue::from_str(&shown) {
+        up.headers_mut().insert(header::HOST, h);
+    }
+
+    let timeout = door.config.proxy.response_header_timeout;
+    let sent = hold
+        .registration()
+        .unless_ended(crate::https_client::send(&intercept.client, up, timeout, "the inspected host"))
+        .await;
+    let mut resp = match sent {
+        Some(Ok(r)) => r,
+        Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, Entry::Absolute),
+        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, Entry::Absolute),
+    };
+    rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    rec.status = resp.status().as_u16();
+    if let Err(refusal) = charge_head(&hold, Dir::Down, 32, resp.headers()) {
+        return door::refuse(&mut rec, refusal, Entry::Absolute);
+    }
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let slot = conn.slot.clone();
+        let active = crate::metrics::ActiveGuard::tunnel();
+        door.tasks.spawn(async move {
+            let (_slot, _active) = (slot, active);
+            let cancel = hold.registration().token().clone();
+            if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
+                let meter = hold.meter().map(|m| &**m);
+                let out = crate::relay::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel, meter).await;
+                rec.bytes_up = out.up;
+                rec.bytes_down = out.down;
+                crate::door::record::budget_ended(&mut rec, out.end, meter);
+            }
+            rec.emit();
+        });
+        let (mut parts, _) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, true);
+        return Response::from_parts(parts, respond::empty());
+    }
+
+    if swapped.any() && redact::is_encoded(resp.headers()) {
+        let detail = "the upstream answered with a content or transfer coding although identity was asked for; an \
+                      encoded body cannot be redacted";
+        return finish(&mut rec, DenyReason::UpstreamEncoding, None, detail, Entry::Absolute);
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    let mut body: ProxyBody = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down).boxed_unsync();
+    if swapped.any() {
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+        parts.headers.remove(header::CONTENT_LENGTH);
+        body = redact_all(&mut parts.headers, body, &swapped);
+    }
+    let body = LoggedBody::new(body, bytes_up, rec, hold);
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Redacts every swapped-in value from the response's headers and body.
+fn redact_all(headers: &mut HeaderMap, mut body: ProxyBody, swapped: &Swapped) -> ProxyBody {
+    for v in &swapped.values {
+        redact::headers(headers, v);
+        body = redact::RedactBody::new(body, v).boxed_unsync();
+    }
+    body
+}

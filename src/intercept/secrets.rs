@@ -1,0 +1,234 @@
+//! Placeholder credentials: the sandbox holds `EGRESS_SECRET_NAME`; on a request to a
+//! host the secret is bound to, the gateway writes the value in its place (headers
+//! always, the query and the body where the secret says so). A placeholder on its way
+//! to any other host refuses the request, so that an agent talked into sending its key
+//! elsewhere sends nothing.
+
+use std::collections::HashMap;
+
+use http::HeaderValue;
+
+use crate::addr::Host;
+use crate::config::{PLACEHOLDER_PREFIX, SecretConfig};
+use crate::secret::Secret;
+
+/// What was put in place of placeholders: the values (redacted from the response)
+/// and the body replacements to stream.
+#[derive(Default)]
+pub struct Swapped {
+    pub values: Vec<String>,
+    /// `(placeholder, value)` pairs to replace in the request body.
+    pub body: Vec<(String, String)>,
+}
+
+impl Swapped {
+    pub fn any(&self) -> bool {
+        !self.values.is_empty() || !self.body.is_empty()
+    }
+}
+
+/// A placeholder where its secret may not go.
+#[derive(Debug)]
+pub struct Misuse {
+    pub hint: String,
+}
+
+fn misuse(s: &SecretConfig, host: &Host, place: &str) -> Misuse {
+    Misuse {
+        hint: format!(
+            "{} in the {place} is bound to other hosts (secrets name={:?}), not {host}; the request was not sent",
+            s.placeholder(),
+            s.name
+        ),
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn replace(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(hay.len() + with.len());
+    let mut i = 0;
+    while i < hay.len() {
+        if hay[i..].starts_with(needle) {
+            out.extend_from_slice(with);
+            i += needle.len();
+        } else {
+            out.push(hay[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Replaces the placeholders in `parts` (headers, and the query where allowed) for a
+/// request to `host` by a sandbox under `policy`. `body`: whether the request may have
+/// a body (bound secrets with `body = true` are then streamed through it).
+pub fn swap(
+    parts: &mut http::request::Parts,
+    host: &Host,
+    policy: &str,
+    secrets: &[SecretConfig],
+    values: &HashMap<String, Secret>,
+) -> Result<Swapped, Misuse> {
+    let mut out = Swapped::default();
+    if secrets.is_empty() {
+        return Ok(out);
+    }
+    let prefix = PLACEHOLDER_PREFIX.as_bytes();
+    let bound: Vec<(&SecretConfig, &str)> = secrets
+        .iter()
+        .filter(|s| s.bound_to(host, policy))
+        .filter_map(|s| values.get(&s.name).map(|v| (s, v.expose())))
+        .collect();
+    let used = |v: &str, out: &mut Swapped| {
+        if !out.values.iter().any(|x| x == v) {
+            out.values.push(v.to_string());
+        }
+    };
+
+    for (_, v) in parts.headers.iter_mut() {
+        if !find(v.as_bytes(), prefix) {
+            continue;
+        }
+        let mut bytes = v.as_bytes().to_vec();
+        for s in secrets {
+            let ph = s.placeholder();
+            if !find(&bytes, ph.as_bytes()) {
+                continue;
+            }
+            match bound.iter().find(|(b, _)| b.name == s.name) {
+                Some((_, value)) => {
+                    bytes = replace(&bytes, ph.as_bytes(), value.as_bytes());
+                    used(value, &mut out);
+                }
+                None => return Err(misuse(s, host, "headers")),
+            }
+        }
+        let Ok(mut nv) = HeaderValue::from_bytes(&bytes) else {
+            return Err(Misuse { hint: "a header with a placeholder could not be rebuilt".into() });
+        };
+        nv.set_sensitive(true);
+        *v = nv;
+    }
+
+    let pq = parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+    if find(pq.as_bytes(), prefix) {
+        let (path, query) = pq.split_once('?').map_or((pq.as_str(), None), |(p, q)| (p, Some(q)));
+        let mut query = query.map(str::to_string);
+        for s in secrets {
+            let ph = s.placeholder();
+            let in_path = path.contains(&ph);
+            let in_query = query.as_deref().is_some_and(|q| q.contains(&ph));
+            if !in_path && !in_query {
+                continue;
+            }
+            let value = bound.iter().find(|(b, _)| b.name == s.name).map(|(_, v)| *v);
+            match value {
+                None => return Err(misuse(s, host, if in_path { "path" } else { "query" })),
+                Some(_) if in_path => {
+                    return Err(Misuse {
+                        hint: format!(
+                            "{ph} is replaced in headers, and in the query or body where configured, never in the path"
+                        ),
+                    });
+                }
+                Some(_) if !s.query => {
+                    return Err(Misuse {
+                        hint: format!("{ph} is in the query, but secrets name={:?} does not set query = true", s.name),
+                    });
+                }
+                Some(v) => {
+                    query = query.map(|q| q.replace(&ph, &query_escape(v)));
+                    used(v, &mut out);
+                }
+            }
+        }
+        let rebuilt = match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_string(),
+        };
+        let mut uri = std::mem::take(&mut parts.uri).into_parts();
+        uri.path_and_query = rebuilt.parse().ok();
+        parts.uri = http::Uri::from_parts(uri).map_err(|_| Misuse { hint: "the URI could not be rebuilt".into() })?;
+    }
+
+    for (s, v) in &bound {
+        if s.body {
+            out.body.push((s.placeholder(), v.to_string()));
+            used(v, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SecretSource;
+    use crate::policy::HostPattern;
+
+    fn cfg(name: &str, host: &str, query: bool) -> SecretConfig {
+        SecretConfig {
+            name: name.into(),
+            source: SecretSource::Env("X".into()),
+            hosts: vec![HostPattern::Exact(host.into())],
+            policies: vec![],
+            query,
+            body: false,
+        }
+    }
+
+    fn parts(uri: &str, header: &str) -> http::request::Parts {
+        let (p, ()) = http::Request::builder().uri(uri).header("authorization", header).body(()).unwrap().into_parts();
+        p
+    }
+
+    #[test]
+    fn swaps_on_bound_hosts_and_refuses_elsewhere() {
+        let secrets = vec![cfg("openai", "api.openai.com", true)];
+        let values = HashMap::from([("openai".to_string(), Secret::new("sk-real"))]);
+        let bound = Host::Name("api.openai.com".into());
+        let mut p = parts("/v1/x?key=EGRESS_SECRET_openai", "Bearer EGRESS_SECRET_openai");
+        let s = swap(&mut p, &bound, "p", &secrets, &values).unwrap();
+        assert_eq!(p.headers["authorization"], "Bearer sk-real");
+        assert_eq!(p.uri.to_string(), "/v1/x?key=sk-real");
+        assert_eq!(s.values, vec!["sk-real".to_string()]);
+
+        let evil = Host::Name("evil.example".into());
+        let mut p = parts("/", "Bearer EGRESS_SECRET_openai");
+        assert!(swap(&mut p, &evil, "p", &secrets, &values).is_err());
+        let mut p = parts("/?k=EGRESS_SECRET_openai", "none");
+        assert!(swap(&mut p, &evil, "p", &secrets, &values).is_err());
+
+        // Not in the query unless configured; never in the path.
+        let strict = vec![cfg("openai", "api.openai.com", false)];
+        let mut p = parts("/?k=EGRESS_SECRET_openai", "none");
+        assert!(swap(&mut p, &bound, "p", &strict, &values).is_err());
+        let mut p = parts("/EGRESS_SECRET_openai", "none");
+        assert!(swap(&mut p, &bound, "p", &secrets, &values).is_err());
+
+        // Bound to a policy: another policy's sandbox cannot use it.
+        let mut only = cfg("openai", "api.openai.com", false);
+        only.policies = vec!["agents".into()];
+        let mut p = parts("/", "Bearer EGRESS_SECRET_openai");
+        assert!(swap(&mut p, &bound, "other", &[only], &values).is_err());
+        // Unknown placeholder text passes untouched.
+        let mut p = parts("/", "EGRESS_SECRET_unknown");
+        assert!(!swap(&mut p, &evil, "p", &secrets, &values).unwrap().any());
+    }
+}

@@ -1,0 +1,277 @@
+//! Request rules inside inspected hosts (`[[policies.NAME.requests]]`): host, methods,
+//! path globs, and optional query and header matchers, each `allow` or `deny`. Deny
+//! beats allow; no match is a deny. Pure.
+//!
+//! Paths are matched after one percent-decoding; a path that climbs (`..`, `//`, `\`,
+//! as written or encoded) or encodes a slash (`%2F`, `%5C`) is refused before any rule
+//! is consulted, so an encoded form can neither dodge a deny rule nor ride an allow rule
+//! into another path once the upstream decodes it.
+
+use globset::{GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
+
+use super::rule::{HostPattern, parse_rule};
+use crate::addr::Host;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Allow,
+    Deny,
+}
+
+/// One request rule, compiled.
+#[derive(Debug)]
+pub struct RequestRule {
+    pub host: HostPattern,
+    /// Upper-case methods; empty: any.
+    pub methods: Vec<String>,
+    /// Path globs (`*` within a segment, `**` across); `None`: any path.
+    paths: Option<GlobSet>,
+    /// Query parameters that must be present with a matching value.
+    query: Vec<(String, GlobMatcher)>,
+    /// Headers (lower-case names) that must be present with a matching value.
+    headers: Vec<(String, GlobMatcher)>,
+    pub action: Action,
+    /// Index of the rule in the policy's rule list.
+    pub rule: usize,
+}
+
+/// A request rule as written.
+#[derive(Debug, Default, Clone)]
+pub struct RequestSpec<'a> {
+    pub host: &'a str,
+    pub methods: &'a [String],
+    pub paths: &'a [String],
+    pub query: Vec<(&'a str, &'a str)>,
+    pub headers: Vec<(&'a str, &'a str)>,
+    /// `"allow"` or `"deny"`.
+    pub action: &'a str,
+}
+
+/// What a request rule is matched against: the path decided (see [`normalize_path`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    pub host: &'a Host,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub headers: &'a [(String, String)],
+}
+
+fn glob(pattern: &str) -> Result<GlobMatcher, String> {
+    GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| format!("invalid glob {pattern:?}: {e}"))
+}
+
+impl RequestRule {
+    /// Compiles `spec`; the error says which part is wrong and what was expected.
+    pub fn compile(spec: &RequestSpec<'_>, rule: usize) -> Result<RequestRule, (String, String)> {
+        let parsed = parse_rule(spec.host).map_err(|e| ("host".to_string(), e.to_string()))?;
+        let action = match spec.action {
+            "allow" => Action::Allow,
+            "deny" => Action::Deny,
+            other => return Err(("action".into(), format!("expected \"allow\" or \"deny\", got {other:?}"))),
+        };
+        let mut methods = Vec::with_capacity(spec.methods.len());
+        for m in spec.methods {
+            if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
+                return Err(("methods".into(), format!("expected an HTTP method such as \"GET\", got {m:?}")));
+            }
+            methods.push(m.to_ascii_uppercase());
+        }
+        let paths = if spec.paths.is_empty() {
+            None
+        } else {
+            let mut set = GlobSetBuilder::new();
+            for p in spec.paths {
+                if !p.starts_with('/') || p.contains("..") || p.contains('%') {
+                    return Err((
+                        "paths".into(),
+                        format!("expected a path glob starting with / (no query), got {p:?}"),
+                    ));
+                }
+                set.add(
+                    GlobBuilder::new(p)
+                        .literal_separator(true)
+                        .build()
+                        .map_err(|e| ("paths".to_string(), format!("invalid glob {p:?}: {e}")))?,
+                );
+            }
+            Some(set.build().map_err(|e| ("paths".to_string(), e.to_string()))?)
+        };
+        let query = spec
+            .query
+            .iter()
+            .map(|(k, v)| Ok((k.to_string(), glob(v)?)))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|e| ("query".to_string(), e))?;
+        let headers = spec
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                if http_token(k) {
+                    Ok((k.to_ascii_lowercase(), glob(v)?))
+                } else {
+                    Err(format!("invalid header name {k:?}"))
+                }
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|e| ("headers".to_string(), e))?;
+        Ok(RequestRule { host: parsed.pattern, methods, paths, query, headers, action, rule })
+    }
+
+    pub fn matches(&self, r: &RequestView<'_>) -> bool {
+        self.host.matches(r.host)
+            && (self.methods.is_empty() || self.methods.iter().any(|m| m == r.method))
+            && self.paths.as_ref().is_none_or(|p| p.is_match(r.path))
+            && self.query.iter().all(|(k, g)| query_pairs(r.query).any(|(qk, qv)| qk == *k && g.is_match(&qv)))
+            && self.headers.iter().all(|(k, g)| r.headers.iter().any(|(hk, hv)| hk == k && g.is_match(hv)))
+    }
+}
+
+fn http_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// The path a rule is matched against, or why it cannot be judged: one
+/// percent-decoding of `path` (without its query), refused when it climbs or encodes
+/// a separator.
+pub fn normalize_path(path: &str) -> Result<String, &'static str> {
+    if !path.starts_with('/') {
+        return Err("the request path must start with /");
+    }
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2f") || lower.contains("%5c") {
+        return Err("an encoded / or \\ in the path is not allowed");
+    }
+    if super::route::is_traversal(path) || path.split('/').any(|s| s == ".") {
+        return Err("path traversal is not allowed");
+    }
+    String::from_utf8(decode(path.as_bytes(), false)).map_err(|_| "the path is not valid UTF-8 once decoded")
+}
+
+/// `k=v` pairs of a query, percent-decoded (`+` as a space).
+pub fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (String, String)> + '_ {
+    query.unwrap_or("").split('&').filter(|p| !p.is_empty()).map(|p| {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        let d = |s: &str| String::from_utf8_lossy(&decode(s.as_bytes(), true)).into_owned();
+        (d(k), d(v))
+    })
+}
+
+fn decode(s: &[u8], plus: bool) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'%' if let (Some(h), Some(l)) =
+                (s.get(i + 1).copied().and_then(hex), s.get(i + 2).copied().and_then(hex)) =>
+            {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+            b'+' if plus => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// How a request rule is named in refusals and `check`: its action, methods, host and
+/// paths, as written.
+pub fn describe(spec: &RequestSpec<'_>) -> String {
+    let methods = if spec.methods.is_empty() { "*".to_string() } else { spec.methods.join(",").to_ascii_uppercase() };
+    let paths = if spec.paths.is_empty() { "/**".to_string() } else { spec.paths.join(",") };
+    let mut s = format!("{} {methods} {}{paths}", spec.action, spec.host);
+    for (k, v) in &spec.query {
+        s.push_str(&format!(" ?{k}={v}"));
+    }
+    for (k, v) in &spec.headers {
+        s.push_str(&format!(" {k}: {v}"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(host: &str, methods: &[&str], paths: &[&str], action: &str) -> RequestRule {
+        let methods: Vec<String> = methods.iter().map(|s| s.to_string()).collect();
+        let paths: Vec<String> = paths.iter().map(|s| s.to_string()).collect();
+        let spec = RequestSpec { host, methods: &methods, paths: &paths, action, ..Default::default() };
+        RequestRule::compile(&spec, 0).unwrap()
+    }
+
+    fn view<'a>(host: &'a Host, method: &'a str, path: &'a str) -> RequestView<'a> {
+        RequestView { host, method, path, query: None, headers: &[] }
+    }
+
+    #[test]
+    fn globs_methods_and_hosts() {
+        let r = rule("api.github.com", &["get"], &["/repos/acme/**"], "allow");
+        let h = Host::Name("api.github.com".into());
+        assert!(r.matches(&view(&h, "GET", "/repos/acme/widgets/pulls")));
+        assert!(!r.matches(&view(&h, "DELETE", "/repos/acme/widgets")));
+        assert!(!r.matches(&view(&h, "GET", "/repos/other/widgets")));
+        let one = rule("*.googleapis.com", &[], &["/v1/*"], "allow");
+        let g = Host::Name("storage.googleapis.com".into());
+        assert!(one.matches(&view(&g, "PUT", "/v1/x")));
+        assert!(!one.matches(&view(&g, "PUT", "/v1/x/y")), "* stays within a segment");
+        assert!(!one.matches(&view(&Host::Name("googleapis.com".into()), "PUT", "/v1/x")));
+    }
+
+    #[test]
+    fn query_and_header_matchers() {
+        let methods = vec![];
+        let paths = vec![];
+        let spec = RequestSpec {
+            host: "a.test",
+            methods: &methods,
+            paths: &paths,
+            query: vec![("ref", "main")],
+            headers: vec![("X-Api-Version", "2024-*")],
+            action: "allow",
+        };
+        let r = RequestRule::compile(&spec, 0).unwrap();
+        let h = Host::Name("a.test".into());
+        let headers = vec![("x-api-version".to_string(), "2024-01".to_string())];
+        let mut v = RequestView { host: &h, method: "GET", path: "/", query: Some("x=1&ref=main"), headers: &headers };
+        assert!(r.matches(&v));
+        v.query = Some("ref=dev");
+        assert!(!r.matches(&v));
+        v.query = Some("ref=main");
+        v.headers = &[];
+        assert!(!r.matches(&v));
+    }
+
+    #[test]
+    fn paths_are_normalized_or_refused() {
+        assert_eq!(normalize_path("/repos/a%20b").unwrap(), "/repos/a b");
+        for bad in ["/a/../b", "/a/%2e%2e/b", "/a%2Fb", "/a%5cb", "//x", "/a/./b", "relative", "/%c0%ae%c0%ae/"] {
+            assert!(normalize_path(bad).is_err(), "{bad}");
+        }
+        let pairs: Vec<_> = query_pairs(Some("a=1&b=x%20y+z&c")).collect();
+        assert_eq!(pairs[1], ("b".to_string(), "x y z".to_string()));
+        assert_eq!(pairs[2], ("c".to_string(), String::new()));
+    }
+
+    #[test]
+    fn bad_specs_name_the_key() {
+        let m = vec!["G E T".to_string()];
+        let spec = RequestSpec { host: "a.test", methods: &m, action: "allow", ..Default::default() };
+        assert_eq!(RequestRule::compile(&spec, 0).unwrap_err().0, "methods");
+        let spec = RequestSpec { host: "a.test", action: "maybe", ..Default::default() };
+        assert_eq!(RequestRule::compile(&spec, 0).unwrap_err().0, "action");
+        let p = vec!["no-slash".to_string()];
+        let spec = RequestSpec { host: "a.test", paths: &p, action: "deny", ..Default::default() };
+        assert_eq!(RequestRule::compile(&spec, 0).unwrap_err().0, "paths");
+        let spec = RequestSpec { host: "*", action: "deny", ..Default::default() };
+        assert_eq!(RequestRule::compile(&spec, 0).unwrap_err().0, "host");
+    }
+}

@@ -1,0 +1,561 @@
+//! TLS inspection end to end: the real gateway with a CA made by `egress-gateway ca
+//! init`, real clients (curl, Python `requests`, Node, git) trusting it, a real TLS
+//! origin with its own test CA, and `git http-backend` behind the git route.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests fail loudly")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use support::tls::TestCa;
+use support::{TOKEN_A, TOKEN_B, TestGateway, TestOrigin, sha256_hex};
+
+const SECRET: &str = "sk-real-value-7d1e0c";
+
+struct World {
+    gw: TestGateway,
+    origin: TestOrigin,
+    gw_ca: PathBuf,
+    origin_ca: TestCa,
+    _dir: tempfile::TempDir,
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_egress-gateway")
+}
+
+/// The gateway's CA, made by the CLI as an operator would.
+fn make_ca(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let out = Command::new(bin())
+        .args(["ca", "init", "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ca init: {}", String::from_utf8_lossy(&out.stderr));
+    (cert, key)
+}
+
+fn policy(port: u16) -> String {
+    format!(
+        r#"
+[policies.a]
+inspect = ["inspect.test:*", "evil.test:*", "pinned.test:*"]
+allow = ["plain.test:*"]
+
+[[policies.a.requests]]
+host = "inspect.test"
+methods = ["GET", "POST"]
+paths = ["/echo", "/echo/**", "/ws"]
+action = "allow"
+
+[[policies.a.requests]]
+host = "inspect.test"
+paths = ["/echo/admin/**"]
+action = "deny"
+
+[[policies.a.requests]]
+host = "evil.test"
+methods = ["GET"]
+action = "allow"
+
+[policies.b]
+inspect = ["inspect.test:{port}"]
+
+[[sandboxes]]
+id = "sbx-a"
+token_sha256 = "{a}"
+policy = "a"
+
+[[sandboxes]]
+id = "sbx-b"
+token_sha256 = "{b}"
+policy = "b"
+"#,
+        a = sha256_hex(TOKEN_A),
+        b = sha256_hex(TOKEN_B),
+    )
+}
+
+fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = make_ca(dir.path());
+    let origin_ca = TestCa::new(&["inspect.test", "evil.test", "pinned.test", "plain.test"]);
+    let origin = TestOrigin::https(&origin_ca);
+    let secret_file = dir.path().join("openai.key");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let config = format!(
+        r#"
+[proxy]
+header_read_timeout = "2s"
+connect_timeout = "2s"
+
+[resolver]
+nameservers = ["127.0.0.1:9"]
+hosts_file = false
+[resolver.hosts]
+"inspect.test" = ["127.0.0.1"]
+"evil.test" = ["127.0.0.1"]
+"pinned.test" = ["127.0.0.1"]
+"plain.test" = ["127.0.0.1"]
+
+[egress]
+allow = ["127.0.0.1/32"]
+
+[intercept]
+ca_cert_file = "{cert}"
+ca_key_file = "{key}"
+never = ["pinned.test"]
+upstream_ca_file = "{origin_ca}"
+
+[[secrets]]
+name = "openai"
+value_file = "{secret}"
+hosts = ["inspect.test"]
+body = true
+"#,
+        cert = cert.display(),
+        key = key.display(),
+        origin_ca = origin_ca.ca_pem_path.display(),
+        secret = secret_file.display(),
+    );
+    let gw = TestGateway::start(&config, &policy(origin.port()));
+    World { gw, origin, gw_ca: cert, origin_ca, _dir: dir }
+}
+
+struct Reply {
+    status: u16,
+    version: String,
+    headers: String,
+    body: String,
+}
+
+fn curl(w: &World, ca: &Path, extra: &[&str], url: &str) -> Reply {
+    let dir = tempfile::tempdir().unwrap();
+    let headers = dir.path().join("h");
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--cacert", ca.to_str().unwrap(), "-x", &w.gw.proxy_url("sbx-a", TOKEN_A)])
+        .args(["-D", headers.to_str().unwrap(), "-w", "\n@@%{http_code} %{http_version}"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, codes) = stdout.rsplit_once("\n@@").unwrap_or((&stdout, "0 0"));
+    let (status, version) = codes.split_once(' ').unwrap_or(("0", "0"));
+    Reply {
+        status: status.parse().unwrap_or(0),
+        version: version.to_string(),
+        headers: std::fs::read_to_string(headers).unwrap_or_default().to_ascii_lowercase(),
+        body: format!("{body}{}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+#[test]
+fn requests_are_decided_one_by_one_and_refusals_say_why() {
+    let w = world();
+    let url = |host: &str, path: &str| format!("https://{host}:{}{path}", w.origin.port());
+
+    // Allowed: forwarded over a fresh, verified TLS connection; the client trusts the
+    // gateway's CA only.
+    let r = curl(&w, &w.gw_ca, &[], &url("inspect.test", "/echo?x=1"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("\"method\":\"GET\""), "{}", r.body);
+    assert_eq!(w.origin.recorded().len(), 1);
+
+    // HTTP/2 by ALPN.
+    let r = curl(&w, &w.gw_ca, &["--http2"], &url("inspect.test", "/echo/h2"));
+    assert_eq!((r.status, r.version.as_str()), (200, "2"), "{}", r.body);
+
+    // A refused method, a denied path and an unlisted path: 403 with the reason.
+    for (args, path, rule) in [
+        (vec!["-X", "DELETE"], "/echo", None),
+        (vec![], "/echo/admin/users", Some("deny * inspect.test/echo/admin/**")),
+        (vec![], "/other", None),
+    ] {
+        let before = w.origin.recorded().len();
+        let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", path));
+        assert_eq!(r.status, 403, "{path}: {}", r.body);
+        assert!(r.headers.contains("x-egress-deny-reason: request_not_allowed"), "{}", r.headers);
+        assert!(r.body.contains("request_not_allowed"), "{}", r.body);
+        if let Some(rule) = rule {
+            assert!(r.body.contains(rule), "the refusal names the rule: {}", r.body);
+        } else {
+            assert!(r.body.contains("requests"), "the refusal says how to allow it: {}", r.body);
+        }
+        assert_eq!(w.origin.recorded().len(), before, "nothing refused reaches the origin");
+    }
+    // Traversal cannot dodge the deny rule: such a path is not judged at all.
+    for path in ["/echo/x/../admin/users", "/echo/%2e%2e/admin/users", "/echo%2Fadmin/users"] {
+        let r = curl(&w, &w.gw_ca, &["--path-as-is"], &url("inspect.test", path));
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        assert!(r.headers.contains("x-egress-deny-reason: bad_request"), "{}", r.headers);
+    }
+
+    // Another policy without request rules: inspected, so every request is refused.
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--cacert", w.gw_ca.to_str().unwrap()])
+        .args(["-x", &w.gw.proxy_url("sbx-b", TOKEN_B), "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(url("inspect.test", "/echo"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
+
+    // A client that does not trust the gateway's CA fails its handshake.
+    let r = curl(&w, &w.origin_ca.ca_pem_path, &[], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 0, "{}", r.body);
+
+    let access = w.gw.wait_for_access(1, |l| l["kind"] == "inspect" && l["reason"] == "request_not_allowed");
+    assert!(access.iter().any(|l| l["rule"].as_str().is_some_and(|r| r.contains("admin"))), "{access:?}");
+}
+
+#[test]
+fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
+    let w = world();
+    let url = |host: &str, path: &str| format!("https://{host}:{}{path}", w.origin.port());
+    let auth = "Authorization: Bearer EGRESS_SECRET_openai";
+
+    let r = curl(&w, &w.gw_ca, &["-H", auth, "--data", "key=EGRESS_SECRET_openai"], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = w.origin.recorded().pop().unwrap();
+    let got = seen.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone());
+    assert_eq!(got.as_deref(), Some(format!("Bearer {SECRET}").as_str()), "the origin gets the real value");
+    assert!(!r.body.contains(SECRET), "the value is redacted from what the sandbox reads: {}", r.body);
+    assert!(r.body.contains("Bearer [REDACTED]"), "{}", r.body);
+    // The body's placeholder was replaced (the length grew by the difference).
+    let expected_len = format!("key={SECRET}").len();
+    assert!(r.body.contains(&format!("\"body_len\":{expected_len}")), "{}", r.body);
+
+    // The same placeholder to another (allowed, inspected) host is refused and logged.
+    let before = w.origin.recorded().len();
+    let r = curl(&w, &w.gw_ca, &["-H", auth], &url("evil.test", "/echo"));
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: secret_not_allowed"), "{}", r.headers);
+    assert_eq!(w.origin.recorded().len(), before);
+    w.gw.wait_for_log(std::time::Duration::from_secs(5), |l| {
+        l["msg"].as_str().is_some_and(|m| m.contains("placeholder was sent to a host it is not bound to"))
+    });
+    // And evil.test without a placeholder is fine.
+    assert_eq!(curl(&w, &w.gw_ca, &[], &url("evil.test", "/echo")).status, 200);
+    assert!(!w.gw.log_text().contains(SECRET), "the value is never logged");
+}
+
+#[test]
+fn pinned_hosts_in_never_stay_opaque_tunnels() {
+    let w = world();
+    // The origin's own certificate reaches the client: it trusts only the origin's CA.
+    let r = curl(&w, &w.origin_ca.ca_pem_path, &[], &format!("https://pinned.test:{}/anything", w.origin.port()));
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Tunnelled, not inspected: no request rule applied (/anything is in none).
+    let access = w.gw.wait_for_access(1, |l| l["kind"] == "connect");
+    assert!(access.iter().all(|l| l["decision"] == "allow"), "{access:?}");
+    // A host that is only allowed is a tunnel too.
+    let r = curl(&w, &w.origin_ca.ca_pem_path, &[], &format!("https://plain.test:{}/x", w.origin.port()));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn websocket_upgrades_through_an_inspected_host() {
+    let w = world();
+    let script = r#"
+import socket, ssl, sys, base64
+gw, port, ca, token = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+host, p = gw.rsplit(":", 1)
+s = socket.create_connection((host, int(p)), timeout=10)
+auth = base64.b64encode(("sbx-a:" + token).encode()).decode()
+s.sendall(f"CONNECT inspect.test:{port} HTTP/1.1\r\nHost: inspect.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+assert head.startswith(b"HTTP/1.1 200"), head
+ctx = ssl.create_default_context(cafile=ca)
+ctx.set_alpn_protocols(["http/1.1"])
+t = ctx.wrap_socket(s, server_hostname="inspect.test")
+t.sendall(f"GET /ws HTTP/1.1\r\nHost: inspect.test:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += t.recv(1)
+assert head.startswith(b"HTTP/1.1 101"), head
+t.sendall(b"ping-through-inspection")
+got = b""
+while len(got) < 23:
+    got += t.recv(64)
+print(got.decode())
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &w.gw.addr.to_string(), &w.origin.port().to_string(), w.gw_ca.to_str().unwrap(), TOKEN_A])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ping-through-inspection");
+}
+
+#[test]
+fn python_requests_and_node_trust_the_bundle_and_read_the_refusal() {
+    let w = world();
+    let bundle = w._dir.path().join("bundle.pem");
+    let out = Command::new(bin())
+        .args(["ca", "bundle", "--ca", w.gw_ca.to_str().unwrap(), "--out", bundle.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let env = Command::new(bin()).args(["ca", "env", "--bundle", bundle.to_str().unwrap()]).output().unwrap();
+    let env = String::from_utf8_lossy(&env.stdout).into_owned();
+    for var in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO"] {
+        assert!(env.contains(&format!("export {var}=")), "{env}");
+    }
+    let proxy = w.gw.proxy_url("sbx-a", TOKEN_A);
+    let base = format!("https://inspect.test:{}", w.origin.port());
+
+    let py = r#"
+import os, sys, requests
+base = sys.argv[1]
+ok = requests.get(base + "/echo")
+no = requests.delete(base + "/echo")
+print(ok.status_code, no.status_code, no.headers.get("X-Egress-Deny-Reason"), no.json()["reason"])
+"#;
+    let out = Command::new("python3")
+        .args(["-c", py, &base])
+        .env("HTTPS_PROXY", &proxy)
+        .env("REQUESTS_CA_BUNDLE", &bundle)
+        .env_remove("NO_PROXY")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "200 403 request_not_allowed request_not_allowed");
+
+    // Node: undici's ProxyAgent, trusting the bundle through NODE_EXTRA_CA_CERTS.
+    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients");
+    if !clients.join("node_modules/undici").exists() {
+        panic!("tests/clients/node_modules is missing: run (cd tests/clients && npm install)");
+    }
+    let js = r#"
+const { ProxyAgent, fetch } = require('undici');
+const [base, proxy] = process.argv.slice(1);
+(async () => {
+  const dispatcher = new ProxyAgent(proxy);
+  const ok = await fetch(base + '/echo', { dispatcher });
+  const no = await fetch(base + '/echo', { method: 'PUT', dispatcher });
+  console.log(ok.status, no.status, no.headers.get('x-egress-deny-reason'));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+    let out = Command::new("node")
+        .args(["-e", js, &base, &proxy])
+        .current_dir(&clients)
+        .env("NODE_EXTRA_CA_CERTS", &bundle)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "200 403 request_not_allowed");
+}
+
+#[test]
+fn check_explains_request_rules_with_file_and_line() {
+    let w = world();
+    let run = |args: &[&str]| -> Output {
+        Command::new(bin())
+            .args(["check", "--config", w.gw.config_path().to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let url = format!("https://inspect.test:{}/echo/admin/x", w.origin.port());
+    let out = run(&["--sandbox", "sbx-a", &url]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("request_not_allowed") && text.contains("test.toml:"), "{text}");
+    let ok_url = format!("https://inspect.test:{}/echo", w.origin.port());
+    let out = run(&["--sandbox", "sbx-a", "--method", "post", &ok_url]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("EGRESS_SECRET_openai"), "check names the placeholder bound to the host: {text}");
+    let out = run(&["--sandbox", "sbx-a", "--method", "DELETE", &ok_url]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn config_errors_name_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy_dir = dir.path().join("policy");
+    std::fs::create_dir(&policy_dir).unwrap();
+    std::fs::write(policy_dir.join("p.toml"), "[policies.x]\ninspect = [\"a.test\"]\n").unwrap();
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(&cfg, "[policy]\ndir = \"policy\"\n").unwrap();
+    let out = Command::new(bin()).args(["config", "validate", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("p.toml") && err.contains("policies.x.inspect[0]") && err.contains("[intercept]"), "{err}");
+
+    let (cert, key) = make_ca(dir.path());
+    let rules = "[policies.x]\ninspect = [\"a.test\"]\n[[policies.x.requests]]\nhost = \"a.test\"\nmethods = [\"G T\"]\naction = \"allow\"\n";
+    std::fs::write(policy_dir.join("p.toml"), rules).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[policy]\ndir = \"policy\"\n[intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n",
+            cert.display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin()).args(["config", "validate", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("policies.x.requests[0].methods (line 3)"), "{err}");
+}
+
+fn git(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.test", "-c", "init.defaultBranch=main"])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run git")
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "git failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn git_clone_of_a_plain_github_url_takes_the_git_route() {
+    let root = tempfile::tempdir().unwrap();
+    for (owner, name) in [("acme", "widgets"), ("other", "secret")] {
+        let bare = root.path().join(owner).join(format!("{name}.git"));
+        std::fs::create_dir_all(bare.parent().unwrap()).unwrap();
+        ok(git(root.path(), &["init", "--bare", bare.to_str().unwrap()], &[]));
+        ok(git(&bare, &["config", "http.receivepack", "true"], &[]));
+        let work = root.path().join(format!("seed-{name}"));
+        std::fs::create_dir(&work).unwrap();
+        ok(git(&work, &["init"], &[]));
+        std::fs::write(work.join("README"), format!("{name}\n")).unwrap();
+        ok(git(&work, &["add", "README"], &[]));
+        ok(git(&work, &["commit", "-m", "seed"], &[]));
+        ok(git(&work, &["push", bare.to_str().unwrap(), "HEAD:refs/heads/main"], &[]));
+        ok(git(&bare, &["symbolic-ref", "HEAD", "refs/heads/main"], &[]));
+    }
+    let origin_ca = TestCa::new(&["github.test"]);
+    let github = TestOrigin::git_https(&origin_ca, root.path().to_path_buf());
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = make_ca(dir.path());
+    let token = dir.path().join("acme.token");
+    std::fs::write(&token, "ghs_static_test_token\n").unwrap();
+    let config = format!(
+        r#"
+[resolver]
+nameservers = ["127.0.0.1:9"]
+hosts_file = false
+[resolver.hosts]
+"github.test" = ["127.0.0.1"]
+
+[egress]
+allow = ["127.0.0.1/32"]
+
+[github]
+web_url = "https://github.test:{web}"
+api_url = "https://api.github.test:9"
+ca_file = "{ca}"
+[github.token_files]
+acme = "{token}"
+
+[intercept]
+ca_cert_file = "{cert}"
+ca_key_file = "{key}"
+"#,
+        web = github.port(),
+        ca = origin_ca.ca_pem_path.display(),
+        token = token.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    let policy = format!(
+        r#"
+[policies.agents]
+inspect = ["github.test"]
+git = {{ repos = ["acme/widgets"], push = ["refs/heads/agent/*"] }}
+
+[[sandboxes]]
+id = "sbx-a"
+token_sha256 = "{a}"
+policy = "agents"
+"#,
+        a = sha256_hex(TOKEN_A)
+    );
+    let gw = TestGateway::start(&config, &policy);
+    let proxy = gw.proxy_url("sbx-a", TOKEN_A);
+    let ca = cert.to_str().unwrap();
+    let envs = [("HTTPS_PROXY", proxy.as_str()), ("GIT_SSL_CAINFO", ca)];
+    let work = tempfile::tempdir().unwrap();
+
+    // The URL as an agent writes it: no insteadOf, no token of its own.
+    ok(git(work.path(), &["clone", "https://github.test/acme/widgets.git", "w"], &envs));
+    assert_eq!(std::fs::read_to_string(work.path().join("w/README")).unwrap(), "widgets\n");
+    let auth: Vec<String> = github
+        .recorded()
+        .iter()
+        .filter_map(|r| r.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone()))
+        .collect();
+    assert!(
+        !auth.is_empty() && auth.iter().all(|a| a.starts_with("Basic ")),
+        "the gateway's token is injected: {auth:?}"
+    );
+
+    // A repository the policy does not connect: refused in git's own terms.
+    let out = git(work.path(), &["clone", "https://github.test/other/secret.git", "s"], &envs);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("repo_not_connected"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A push to a ref outside git.push: the report-status names it.
+    let clone = work.path().join("w");
+    std::fs::write(clone.join("NEW"), "x\n").unwrap();
+    ok(git(&clone, &["add", "NEW"], &[]));
+    ok(git(&clone, &["commit", "-m", "x"], &[]));
+    let out = git(&clone, &["push", "origin", "HEAD:refs/heads/main"], &envs);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("git_ref_denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ok(git(&clone, &["push", "origin", "HEAD:refs/heads/agent/x"], &envs));
+    let refs = ok(git(&root.path().join("acme/widgets.git"), &["for-each-ref", "--format=%(refname)"], &[]));
+    assert!(refs.contains("refs/heads/agent/x") && !refs.contains("refs/heads/main\nrefs/heads/main"), "{refs}");
+    assert!(!gw.log_text().contains("ghs_static_test_token"));
+}
+
+#[test]
+fn lint_suggest_and_replay_understand_request_rules() {
+    let w = world();
+    let cfg = w.gw.config_path();
+    let cli = |args: &[&str]| -> (Option<i32>, String) {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+    // Policy b inspects inspect.test without a request rule; policy a's rule for
+    // evil.test is applied, pinned.test is overridden by intercept.never.
+    let (_, lint) = cli(&["policy", "lint", "--config", cfg.to_str().unwrap()]);
+    assert!(lint.contains("no request rule allows anything on it"), "{lint}");
+    assert!(lint.contains("intercept.never lists this host"), "{lint}");
+    assert!(!lint.contains("is not in policies.a.inspect"), "{lint}");
+
+    let url = format!("https://inspect.test:{}/other/path?secret=1", w.origin.port());
+    assert_eq!(curl(&w, &w.gw_ca, &[], &url).status, 403);
+    w.gw.wait_for_access(1, |l| l["kind"] == "inspect" && l["reason"] == "request_not_allowed");
+    let log = w._dir.path().join("access.jsonl");
+    std::fs::write(&log, w.gw.log_text()).unwrap();
+    let (code, text) = cli(&["policy", "suggest", "--log", log.to_str().unwrap(), "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("[[policies.a.requests]]") && text.contains("paths = [\"/other/path\"]"), "{text}");
+    assert!(!text.contains("secret=1"), "the query is never logged, so never suggested: {text}");
+    let (code, text) = cli(&["policy", "replay", "--log", log.to_str().unwrap(), "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!text.contains("0 records"), "{text}");
+}
