@@ -70,6 +70,9 @@ pub async fn handle(
     if let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target)) {
         return inspect(req, conn, door, rec, authorized, target, inspector);
     }
+    if let Some(refusal) = authorized.opaque_refusal("intercept.never (or no [intercept]) keeps it a tunnel") {
+        return door::refuse(&mut rec, refusal, Entry::Absolute);
+    }
     let hold = authorized.hold;
     let (upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {
         Some(Ok(ok)) => ok,

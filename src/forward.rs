@@ -99,6 +99,22 @@ pub async fn handle(
         Ok(a) => a.hold,
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };
+    // Placeholder secrets are replaced only inside inspected TLS: over plain HTTP one is
+    // refused, never sent (and never swapped for a value that would travel in clear).
+    if !door.config.secrets.is_empty() {
+        let uri = req.uri().to_string();
+        let carried = std::iter::once(uri.as_bytes())
+            .chain(req.headers().values().map(|v| v.as_bytes()))
+            .find_map(|b| crate::config::SecretConfig::find_in(&door.config.secrets, b));
+        if let Some(s) = carried {
+            tracing::warn!(target = %rec.target, secret = %s.name, "a secret placeholder was sent over plain HTTP");
+            let hint = format!(
+                "{} is only replaced in HTTPS requests to its hosts; the request was not sent",
+                s.placeholder()
+            );
+            return reject(&mut rec, DenyReason::SecretNotAllowed, &hint);
+        }
+    }
     let line = charge_head(&hold, Dir::Up, request_line_len(&req), req.headers());
     if let Err(refusal) = line {
         return door::refuse(&mut rec, refusal, Entry::Absolute);

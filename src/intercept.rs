@@ -79,11 +79,83 @@ where
     }
 }
 
+/// A stream that notes when bytes last moved, for the idle timeout.
+struct Watched<IO> {
+    inner: IO,
+    epoch: std::time::Instant,
+    last_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<IO> Watched<IO> {
+    fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Resolves once no byte has moved for `idle`.
+async fn idle_for(epoch: std::time::Instant, last_ms: Arc<std::sync::atomic::AtomicU64>, idle: Duration) {
+    loop {
+        let last = Duration::from_millis(last_ms.load(std::sync::atomic::Ordering::Relaxed));
+        let quiet = epoch.elapsed().saturating_sub(last);
+        if quiet >= idle {
+            return;
+        }
+        tokio::time::sleep(idle - quiet).await;
+    }
+}
+
 /// Serves HTTP (HTTP/2 when the client chose it by ALPN, else HTTP/1.1 with upgrades)
 /// on an inspected connection, each request through `handler`, until the client
-/// closes or `cancel` fires.
-pub async fn serve<IO, F, Fut>(tls: TlsStream<IO>, cancel: CancellationToken, header_timeout: Duration, handler: F)
-where
+/// closes, `cancel` fires, or no byte moves for `idle` (`proxy.tunnel_idle_timeout`).
+pub async fn serve<IO, F, Fut>(
+    tls: TlsStream<IO>,
+    cancel: CancellationToken,
+    header_timeout: Duration,
+    idle: Duration,
+    handler: F,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
@@ -93,7 +165,11 @@ where
         let handler = handler.clone();
         async move { Ok::<_, Infallible>(handler(req).await) }
     });
-    let io = TokioIo::new(tls);
+    let epoch = std::time::Instant::now();
+    let last_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let io = TokioIo::new(Watched { inner: tls, epoch, last_ms: last_ms.clone() });
+    let quiet = idle_for(epoch, last_ms, idle);
+    tokio::pin!(quiet);
     let result = if h2 {
         let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         b.timer(TokioTimer::new()).max_concurrent_streams(128);
@@ -102,6 +178,7 @@ where
         tokio::select! {
             r = conn.as_mut() => r,
             _ = cancel.cancelled() => { conn.as_mut().graceful_shutdown(); Ok(()) }
+            () = &mut quiet => Ok(()),
         }
     } else {
         let mut b = hyper::server::conn::http1::Builder::new();
@@ -111,6 +188,7 @@ where
         tokio::select! {
             r = conn.as_mut() => r,
             _ = cancel.cancelled() => { conn.as_mut().graceful_shutdown(); Ok(()) }
+            () = &mut quiet => Ok(()),
         }
     };
     if let Err(e) = result {

@@ -148,8 +148,8 @@ pub fn fingerprint(config: &Config) -> u64 {
         files.push(cert.clone());
         files.push(key.clone());
     }
-    for r in &config.routes {
-        if let config::SecretSource::File(p) = &r.secret {
+    for source in config.routes.iter().map(|r| &r.secret).chain(config.secrets.iter().map(|s| &s.source)) {
+        if let config::SecretSource::File(p) = source {
             files.push(p.clone());
         }
     }

@@ -134,7 +134,10 @@ pub async fn serve(mut stream: TcpStream, conn: ConnInfo, door: &Door, cfg: &Tra
         }
     };
     let hold = match door::authorize_as(door, &state, &mut rec, &conn, identity, Subject::Host(target.clone())) {
-        Ok(a) => a.hold,
+        Ok(a) => match a.opaque_refusal("transparent listeners do not inspect") {
+            Some(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
+            None => a.hold,
+        },
         Err(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
     };
     let (mut upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use support::tls::TestCa;
 use support::{TOKEN_A, TOKEN_B, TestGateway, TestOrigin, sha256_hex};
 
-const SECRET: &str = "sk-real-value-7d1e0c";
+const SECRET: &str = "sk-real+value/7d1e0c";
 
 struct World {
     gw: TestGateway,
@@ -40,8 +40,8 @@ fn policy(port: u16) -> String {
     format!(
         r#"
 [policies.a]
-inspect = ["inspect.test:*", "evil.test:*", "pinned.test:*"]
-allow = ["plain.test:*"]
+inspect = ["inspect.test:*", "evil.test:*", "pinned.test:*", "neveronly.test:*"]
+allow = ["plain.test:*", "pinned.test:*"]
 
 [[policies.a.requests]]
 host = "inspect.test"
@@ -98,6 +98,7 @@ hosts_file = false
 "evil.test" = ["127.0.0.1"]
 "pinned.test" = ["127.0.0.1"]
 "plain.test" = ["127.0.0.1"]
+"neveronly.test" = ["127.0.0.1"]
 
 [egress]
 allow = ["127.0.0.1/32"]
@@ -105,14 +106,15 @@ allow = ["127.0.0.1/32"]
 [intercept]
 ca_cert_file = "{cert}"
 ca_key_file = "{key}"
-never = ["pinned.test"]
+never = ["pinned.test", "neveronly.test"]
 upstream_ca_file = "{origin_ca}"
 
 [[secrets]]
 name = "openai"
 value_file = "{secret}"
-hosts = ["inspect.test"]
+hosts = ["inspect.test:*"]
 body = true
+query = true
 "#,
         cert = cert.display(),
         key = key.display(),
@@ -226,6 +228,25 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let expected_len = format!("key={SECRET}").len();
     assert!(r.body.contains(&format!("\"body_len\":{expected_len}")), "{}", r.body);
 
+    // In the query (query = true), swapped escaped; an upstream echoing its URL echoes
+    // the escaped value, which is redacted too.
+    let r = curl(&w, &w.gw_ca, &[], &url("inspect.test", "/echo?key=EGRESS_SECRET_openai"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = w.origin.recorded().pop().unwrap();
+    assert_eq!(seen.uri, "/echo?key=sk-real%2Bvalue%2F7d1e0c");
+    assert!(!r.body.contains("%2Bvalue") && r.body.contains("[REDACTED]"), "{}", r.body);
+
+    // Never on an upgraded connection, whose bytes are not redacted.
+    let ws = ["-H", auth, "-H", "Upgrade: websocket", "-H", "Connection: Upgrade", "--http1.1"];
+    let r = curl(&w, &w.gw_ca, &ws, &url("inspect.test", "/ws"));
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: secret_not_allowed"), "{}", r.headers);
+
+    // Never over plain HTTP, where the value would travel in clear.
+    let r = curl(&w, &w.gw_ca, &["-H", auth], &format!("http://inspect.test:{}/echo", w.origin.port()));
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: secret_not_allowed"), "{}", r.headers);
+
     // The same placeholder to another (allowed, inspected) host is refused and logged.
     let before = w.origin.recorded().len();
     let r = curl(&w, &w.gw_ca, &["-H", auth], &url("evil.test", "/echo"));
@@ -249,6 +270,11 @@ fn pinned_hosts_in_never_stay_opaque_tunnels() {
     // Tunnelled, not inspected: no request rule applied (/anything is in none).
     let access = w.gw.wait_for_access(1, |l| l["kind"] == "connect");
     assert!(access.iter().all(|l| l["decision"] == "allow"), "{access:?}");
+    // A host only inspect lists, which intercept.never keeps a tunnel, is refused: an
+    // opaque tunnel would skip every request rule.
+    let r = curl(&w, &w.origin_ca.ca_pem_path, &[], &format!("https://neveronly.test:{}/x", w.origin.port()));
+    assert_eq!(r.status, 0, "{}", r.body);
+    assert!(r.body.contains("403") || r.headers.contains("403"), "{} {}", r.headers, r.body);
     // A host that is only allowed is a tunnel too.
     let r = curl(&w, &w.origin_ca.ca_pem_path, &[], &format!("https://plain.test:{}/x", w.origin.port()));
     assert_eq!(r.status, 200, "{}", r.body);
@@ -558,4 +584,79 @@ fn lint_suggest_and_replay_understand_request_rules() {
     let (code, text) = cli(&["policy", "replay", "--log", log.to_str().unwrap(), "--config", cfg.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{text}");
     assert!(!text.contains("0 records"), "{text}");
+}
+
+#[test]
+fn github_api_writes_are_judged_by_git_rules_and_keep_their_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = make_ca(dir.path());
+    let origin_ca = TestCa::new(&["api.test"]);
+    let origin = TestOrigin::https(&origin_ca);
+    let config = format!(
+        r#"
+[resolver]
+nameservers = ["127.0.0.1:9"]
+hosts_file = false
+[resolver.hosts]
+"api.test" = ["127.0.0.1"]
+[egress]
+allow = ["127.0.0.1/32"]
+[github]
+api_url = "https://api.test:{port}"
+[intercept]
+ca_cert_file = "{cert}"
+ca_key_file = "{key}"
+upstream_ca_file = "{ca}"
+"#,
+        port = origin.port(),
+        cert = cert.display(),
+        key = key.display(),
+        ca = origin_ca.ca_pem_path.display(),
+    );
+    let policy = format!(
+        r#"
+[policies.a]
+inspect = ["api.test:*"]
+git = {{ repos = ["acme/widgets"], push = ["refs/heads/agent/*"] }}
+[[policies.a.requests]]
+host = "api.test"
+action = "allow"
+[[sandboxes]]
+id = "sbx-a"
+token_sha256 = "{a}"
+policy = "a"
+"#,
+        a = sha256_hex(TOKEN_A)
+    );
+    let gw = TestGateway::start(&config, &policy);
+    let w = World { gw, origin, gw_ca: cert, origin_ca, _dir: dir };
+    let url = |path: &str| format!("https://api.test:{}{path}", w.origin.port());
+    let cases: &[(&str, &str, &str, u16, &str)] = &[
+        // A write whose ref is not in its body: the body goes on intact.
+        ("POST", "/repos/acme/widgets/git/blobs", r#"{"content":"x"}"#, 200, "\"body_len\":15"),
+        ("PUT", "/repos/acme/widgets/contents/a.txt", r#"{"branch":"agent/x"}"#, 200, "\"body_len\":20"),
+        ("PUT", "/repos/acme/widgets/contents/a.txt", r#"{"branch":"main"}"#, 403, "git_ref_denied"),
+        ("PUT", "/repos/acme/widgets/contents/a.txt", r#"{"message":"default branch"}"#, 403, "git_ref_denied"),
+        ("DELETE", "/repos/acme/widgets/git/refs/heads/main", "", 403, "git_ref_denied"),
+        ("DELETE", "/repos/acme/widgets/git/ref%73/heads/main", "", 403, "git_ref_denied"),
+        ("POST", "/repos/acme/widgets/Git/Refs/", r#"{"ref":"refs/heads/main","sha":"x"}"#, 403, "git_ref_denied"),
+        (
+            "POST",
+            "/repos/acme/widgets/git/refs",
+            r#"{"ref":"refs/heads/agent/y","sha":"x"}"#,
+            200,
+            "\"method\":\"POST\"",
+        ),
+        ("POST", "/repos/other/secret/git/blobs", r#"{"content":"x"}"#, 403, "repo_not_connected"),
+        ("GET", "/repos/other/secret/git/refs", "", 200, "\"method\":\"GET\""),
+    ];
+    for (method, path, body, status, needle) in cases {
+        let mut args = vec!["-X", method, "--path-as-is"];
+        if !body.is_empty() {
+            args.extend(["-H", "content-type: application/json", "--data", body]);
+        }
+        let r = curl(&w, &w.gw_ca, &args, &url(path));
+        assert_eq!(r.status, *status, "{method} {path}: {}", r.body);
+        assert!(r.body.contains(needle), "{method} {path}: {}", r.body);
+    }
 }

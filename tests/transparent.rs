@@ -395,3 +395,36 @@ fn overlapping_address_claims_are_a_load_error_naming_both() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("transparent.https_listen") && err.contains("loopback"), "{err}");
 }
+
+/// A host the policy lists only in `inspect` is not tunnelled by the SNI or Host
+/// listeners, which do not inspect: a tunnel would skip every request rule.
+#[test]
+fn an_inspect_only_host_is_refused_by_the_transparent_listeners() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
+    let made = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["ca", "init", "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let ca = ca();
+    let origin = TestOrigin::https(&ca);
+    let config = format!(
+        "{STANDARD_CONFIG}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttps_port = {}\n\
+         [intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n",
+        origin.port(),
+        cert.display(),
+        key.display()
+    );
+    let policy = policy()
+        .replace("deny = [\"blocked.origin.test\"]", "deny = [\"blocked.origin.test\"]\ninspect = [\"b-only.test:*\"]");
+    let gw = TestGateway::start(&config, &policy);
+    let refused = curl_https(&gw, &ca, "b-only.test", &[]);
+    assert_ne!(refused.exit, 0, "{}", refused.body);
+    let rec = access(&gw, &format!("b-only.test:{}", origin.port()));
+    assert_eq!(rec["reason"], "host_not_allowed", "{rec}");
+    assert!(origin.recorded().is_empty(), "nothing reached the origin");
+    // An allowed host still tunnels.
+    let ok = curl_https(&gw, &ca, "tls.test", &[]);
+    assert_eq!((ok.exit, ok.status), (0, 200), "{}", ok.stderr);
+}

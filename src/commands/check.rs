@@ -150,7 +150,7 @@ fn inspection_notes(
         )),
         _ => {}
     }
-    for s in cfg.secrets.iter().filter(|s| s.bound_to(&target.host, policy.name())) {
+    for s in cfg.secrets.iter().filter(|s| s.bound_to(target, policy.name())) {
         notes.push(format!("placeholder {} is replaced by secret {:?} on this host", s.placeholder(), s.name));
     }
 }

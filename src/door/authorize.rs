@@ -23,6 +23,26 @@ pub struct Authorized {
     /// Its registration and concurrency slot, held by whatever carries the request on
     /// (a tunnel task, request and response bodies) for as long as it lives.
     pub hold: Arc<Hold>,
+    /// Allowed only because the policy inspects the host: an entry path that does not
+    /// inspect it must refuse it ([`Authorized::opaque_refusal`]).
+    pub by_inspect: bool,
+}
+
+impl Authorized {
+    /// The refusal of a host the policy allows only for inspection, on a path that
+    /// would tunnel it opaquely (`intercept.never`, transparent listeners).
+    pub fn opaque_refusal(&self, why: &str) -> Option<Refusal> {
+        self.by_inspect.then(|| {
+            Refusal::new(
+                DenyReason::HostNotAllowed,
+                format!(
+                    "the host is in policies.{}.inspect, so only its inspected requests are allowed, and {why}; \
+                     add it to allow to tunnel it",
+                    self.identity.policy.name()
+                ),
+            )
+        })
+    }
 }
 
 /// Authorizes `subject` for the sandbox the request's credentials name. Fills the
@@ -74,6 +94,7 @@ pub fn authorize_as(
     };
 
     let decision = policy::decide(&identity.policy, &subject, identity.repos.as_deref());
+    let by_inspect = decision.rule().is_some_and(|r| r.list == policy::RuleList::Inspect);
     record_decision(rec, &identity, &decision);
     shadow_compare(rec, state, &identity.sandbox, &subject);
     if let Some(reason) = decision.reason()
@@ -118,7 +139,7 @@ pub fn authorize_as(
     if now.generation != state.generation && !door.registry.recheck(&registration, &now) {
         return Err(Refusal::new(DenyReason::AuthInvalid, super::registry::ENDED_HINT));
     }
-    Ok(Authorized { identity, hold: Hold::new(registration, permit, meter) })
+    Ok(Authorized { identity, hold: Hold::new(registration, permit, meter), by_inspect })
 }
 
 /// What a request asks of its sandbox's budgets: the host it contacts (a peer by its

@@ -186,3 +186,20 @@ impl<B> Drop for LoggedBody<B> {
         }
     }
 }
+
+/// Most bytes of a refused request's body read and discarded.
+const MAX_DRAIN_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Reads and discards the rest of a refused request's body (bounded, with the idle
+/// timeout), so that a client still sending reads the refusal instead of a reset
+/// connection or stream. Nothing of it goes anywhere.
+pub async fn drain(mut body: hyper::body::Incoming, idle: Duration) {
+    use http_body_util::BodyExt;
+    let mut seen = 0u64;
+    while seen < MAX_DRAIN_BYTES {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(Ok(frame))) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
+            _ => return,
+        }
+    }
+}

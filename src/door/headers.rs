@@ -19,8 +19,11 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 /// The request's headers as a request rule sees them: lower-case names, values as
 /// text; never the proxy credentials.
 pub fn rule_headers(h: &HeaderMap) -> Vec<(String, String)> {
+    // Hop-by-hop headers, and any the client nominates in `Connection`, are not sent
+    // on: a rule must not match on them.
+    let nominated: Vec<String> = connection_tokens(h).map(str::to_ascii_lowercase).collect();
     h.iter()
-        .filter(|(k, _)| *k != header::PROXY_AUTHORIZATION)
+        .filter(|(k, _)| !HOP_BY_HOP.contains(k) && !nominated.iter().any(|n| n == k.as_str()))
         .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect()
 }

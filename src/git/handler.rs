@@ -25,7 +25,7 @@ use super::refusal;
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
-use crate::door::bodies::{Counting, IdleBody, LoggedBody};
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, drain};
 use crate::door::headers::strip_hop_by_hop;
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
@@ -276,22 +276,6 @@ async fn read_commands(
             Ok(Some(Err(e))) => return Err(format!("push body: {e}")),
             Ok(None) => return Err("push body ended inside the command list".into()),
             Err(_) => return Err("push body stalled".into()),
-        }
-    }
-}
-
-/// Most bytes of a refused request's body read and discarded, so that the client,
-/// still sending, reads the refusal instead of a reset connection.
-const MAX_DRAIN_BYTES: u64 = 64 * 1024 * 1024;
-
-/// Reads and discards the rest of a refused request's body (bounded, with the idle
-/// timeout); nothing of it goes anywhere.
-async fn drain(mut body: Incoming, idle: Duration) {
-    let mut seen = 0u64;
-    while seen < MAX_DRAIN_BYTES {
-        match tokio::time::timeout(idle, body.frame()).await {
-            Ok(Some(Ok(frame))) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
-            _ => return,
         }
     }
 }

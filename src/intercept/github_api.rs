@@ -23,35 +23,44 @@ pub struct ApiWrite {
     pub at: RefAt,
 }
 
-/// The write `method` on `path` (no query) makes, if it is one the git rules decide.
+/// The write `method` on `path` (decoded, no query) makes, if it is one the git rules
+/// decide. Matched without regard to case or trailing slashes; every method but the
+/// safe ones is a write, an unknown one the strictest (a delete).
 pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
-    if !matches!(method, "POST" | "PUT" | "PATCH" | "DELETE") {
-        return None;
-    }
-    let rest = path.strip_prefix("/repos/")?;
-    let mut parts = rest.splitn(3, '/');
+    let method = match method.to_ascii_uppercase().as_str() {
+        "GET" | "HEAD" | "OPTIONS" => return None,
+        m @ ("POST" | "PUT" | "PATCH" | "DELETE") => m.to_string(),
+        _ => "DELETE".to_string(),
+    };
+    let trimmed = path.trim_end_matches('/');
+    let raw = trimmed.get(..7).filter(|p| p.eq_ignore_ascii_case("/repos/")).and(trimmed.get(7..))?;
+    let mut parts = raw.splitn(3, '/');
     let (owner, repo) = (parts.next()?, parts.next()?);
     if owner.is_empty() || repo.is_empty() {
         return None;
     }
-    let tail = parts.next().unwrap_or("");
+    let tail_raw = parts.next().unwrap_or("");
+    let tail = tail_raw.to_ascii_lowercase();
     let repo_name = format!("{owner}/{repo}");
-    let at = match (method, tail) {
-        ("POST", "git/refs") => RefAt::Body { field: "ref", prefix: "" },
-        ("PATCH" | "DELETE", t) if let Some(r) = t.strip_prefix("git/refs/") => {
-            RefAt::Path { name: format!("refs/{r}"), delete: method == "DELETE" }
+    let body = |field, prefix| RefAt::Body { field, prefix };
+    let at = match (method.as_str(), tail.as_str()) {
+        ("PATCH" | "DELETE", t) if t.starts_with("git/refs/") => {
+            // The ref keeps its case: taken from the path as written (same length).
+            let name = tail_raw.get("git/refs/".len()..).unwrap_or_default();
+            RefAt::Path { name: format!("refs/{name}"), delete: method == "DELETE" }
         }
-        ("POST", "git/tags" | "git/commits" | "git/trees" | "git/blobs") => RefAt::Repo,
-        ("PUT" | "DELETE", t) if t.starts_with("contents/") => RefAt::Body { field: "branch", prefix: "refs/heads/" },
-        ("POST", "merges" | "merge-upstream") => {
-            RefAt::Body { field: if tail == "merges" { "base" } else { "branch" }, prefix: "refs/heads/" }
-        }
-        ("POST", "releases") | ("PATCH" | "DELETE", _) if tail.starts_with("releases") => RefAt::Repo,
-        ("PUT", t) if t.starts_with("pulls/") && t.ends_with("/merge") => RefAt::Repo,
-        ("POST", t) if t.starts_with("branches/") && t.ends_with("/rename") => {
-            let branch = t.trim_start_matches("branches/").trim_end_matches("/rename");
+        (_, t) if t.starts_with("git/refs") => body("ref", ""),
+        (_, "git/tags" | "git/commits" | "git/trees" | "git/blobs") => RefAt::Repo,
+        (_, t) if t.starts_with("contents/") || t == "contents" => body("branch", "refs/heads/"),
+        (_, "merges") => body("base", "refs/heads/"),
+        (_, t) if t.starts_with("merge") => body("branch", "refs/heads/"),
+        (_, t) if t.starts_with("releases") || t.starts_with("tags") => RefAt::Repo,
+        (_, t) if t.starts_with("pulls/") && t.ends_with("/merge") => RefAt::Repo,
+        (_, t) if t.starts_with("branches/") => {
+            let branch = tail_raw.get("branches/".len()..).unwrap_or_default().split('/').next().unwrap_or("");
             RefAt::Path { name: format!("refs/heads/{branch}"), delete: true }
         }
+        (_, t) if t.starts_with("git/") => RefAt::Repo,
         _ => return None,
     };
     Some(ApiWrite { repo: repo_name, at })
@@ -86,6 +95,15 @@ mod tests {
     #[test]
     fn writes_map_to_git_subjects() {
         assert_eq!(write_of("GET", "/repos/a/b/git/refs"), None);
+        // Case, trailing slashes and unknown methods do not dodge the mapping.
+        assert!(write_of("POST", "/repos/a/b/Git/Refs/").is_some());
+        assert!(write_of("delete", "/repos/a/b/git/refs/heads/main").is_some());
+        assert!(write_of("PURGE", "/repos/a/b/contents/x").is_some());
+        assert!(write_of("POST", "/repos/a/b/branches/main/rename").is_some());
+        assert_eq!(
+            write_of("DELETE", "/repos/a/b/git/refs/heads/Agent/X").unwrap().at,
+            RefAt::Path { name: "refs/heads/Agent/X".into(), delete: true }
+        );
         assert_eq!(write_of("POST", "/repos/a/b/issues"), None);
         let w = write_of("DELETE", "/repos/a/b/git/refs/heads/main").unwrap();
         assert_eq!(w.at, RefAt::Path { name: "refs/heads/main".into(), delete: true });

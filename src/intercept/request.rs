@@ -62,16 +62,27 @@ pub async fn handle(
     let mut body = Some(body);
 
     // On the GitHub API, writes to refs and contents are judged by the git rules too.
+    // Mapped on the decoded path, as request rules are: `/git/%72efs` is `/git/refs`.
+    // A path that cannot be decoded is refused by the request rules below.
     let api_write = (target.host.as_name() == door.config.github.api_url.host())
-        .then(|| super::github_api::write_of(&method, parts.uri.path()))
-        .flatten();
+        .then(|| policy::requests::normalize_path(parts.uri.path()).ok())
+        .flatten()
+        .and_then(|path| super::github_api::write_of(&method, &path));
     let mut buffered: Option<Bytes> = None;
     if let Some(write) = &api_write {
-        let json = if let (super::github_api::RefAt::Body { .. }, Some(b)) = (&write.at, body.take()) {
+        // Only a write whose ref is in its body is read ahead; every other body streams
+        // on untouched (its Content-Length must stay true).
+        let json = if matches!(write.at, super::github_api::RefAt::Body { .. })
+            && let Some(b) = body.take()
+        {
             let idle = door.config.proxy.tunnel_idle_timeout;
             match tokio::time::timeout(idle, Limited::new(b, MAX_API_BODY).collect()).await {
                 Ok(Ok(collected)) => {
                     let bytes = collected.to_bytes();
+                    // Sent as read: a length that disagreed with the body would desync
+                    // the pooled upstream connection.
+                    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                    parts.headers.remove(header::TRANSFER_ENCODING);
                     let value = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
                     buffered = Some(bytes);
                     value
@@ -97,11 +108,15 @@ pub async fn handle(
                     status: None,
                     budget: None,
                 };
+                drain_rest(body.take(), door).await;
                 return door::refuse(&mut rec, refusal, Entry::Absolute);
             }
         }
     }
 
+    // The headers judged are the headers sent: hop-by-hop ones (and any the client
+    // nominates in `Connection`) go before the decision.
+    strip_hop_by_hop(&mut parts.headers, wants_upgrade);
     let subject = Subject::Request {
         target: target.clone(),
         method: method.clone(),
@@ -110,27 +125,41 @@ pub async fn handle(
     };
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity.clone(), subject) {
         Ok(a) => a.hold,
-        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+        Err(refusal) => {
+            drain_rest(body.take(), door).await;
+            return door::refuse(&mut rec, refusal, Entry::Absolute);
+        }
     };
     if let Err(refusal) = charge_head(&hold, Dir::Up, line, &parts.headers) {
+        drain_rest(body.take(), door).await;
         return door::refuse(&mut rec, refusal, Entry::Absolute);
     }
     let swapped = match secrets::swap(
         &mut parts,
-        &target.host,
+        target,
         identity.policy.name(),
         &door.config.secrets,
         &state.secrets,
+        !wants_upgrade && (buffered.is_some() || body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b))),
     ) {
         Ok(s) => s,
         Err(m) => {
             tracing::warn!(sandbox = %identity.sandbox, target = %rec.target, "a secret placeholder was sent to a host it is not bound to");
+            drain_rest(body.take(), door).await;
             return finish(&mut rec, DenyReason::SecretNotAllowed, None, &m.hint, Entry::Absolute);
         }
     };
+    // An upgraded connection is relayed as bytes, which are not redacted: a value
+    // swapped into its request could come back in the stream.
+    if swapped.any() && wants_upgrade {
+        let hint = "placeholder secrets are not replaced on upgraded (WebSocket) connections";
+        drain_rest(body.take(), door).await;
+        return finish(&mut rec, DenyReason::SecretNotAllowed, None, hint, Entry::Absolute);
+    }
     // Report mode never lends the gateway's credential to a request the rules refuse.
     if swapped.any() && rec.decision == Outcome::WouldDeny {
         let hint = "this request carries a placeholder secret, and the policy (in report mode) does not allow it";
+        drain_rest(body.take(), door).await;
         return finish(&mut rec, DenyReason::RequestNotAllowed, None, hint, Entry::Absolute);
     }
 
@@ -152,7 +181,6 @@ pub async fn handle(
     let Ok(uri) = uri.parse::<http::Uri>() else {
         return finish(&mut rec, DenyReason::BadRequest, None, "invalid request path", Entry::Absolute);
     };
-    strip_hop_by_hop(&mut parts.headers, wants_upgrade);
     parts.headers.remove(header::HOST);
     if !swapped.body.is_empty() {
         // The replacement changes the length: the body goes chunked.
@@ -226,6 +254,14 @@ pub async fn handle(
     }
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Drains a refused request's unread body, if it has one.
+async fn drain_rest(body: Option<Incoming>, door: &Door) {
+    if let Some(b) = body {
+        crate::door::bodies::drain(b, door.config.proxy.tunnel_idle_timeout.min(std::time::Duration::from_secs(5)))
+            .await;
+    }
 }
 
 /// Redacts every swapped-in value from the response's headers and body.

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use http::HeaderValue;
 
-use crate::addr::Host;
+use crate::addr::Target;
 use crate::config::{PLACEHOLDER_PREFIX, SecretConfig};
 use crate::secret::Secret;
 
@@ -33,7 +33,7 @@ pub struct Misuse {
     pub hint: String,
 }
 
-fn misuse(s: &SecretConfig, host: &Host, place: &str) -> Misuse {
+fn misuse(s: &SecretConfig, host: &Target, place: &str) -> Misuse {
     Misuse {
         hint: format!(
             "{} in the {place} is bound to other hosts (secrets name={:?}), not {host}; the request was not sent",
@@ -80,10 +80,11 @@ fn query_escape(s: &str) -> String {
 /// a body (bound secrets with `body = true` are then streamed through it).
 pub fn swap(
     parts: &mut http::request::Parts,
-    host: &Host,
+    host: &Target,
     policy: &str,
     secrets: &[SecretConfig],
     values: &HashMap<String, Secret>,
+    has_body: bool,
 ) -> Result<Swapped, Misuse> {
     let mut out = Swapped::default();
     if secrets.is_empty() {
@@ -153,8 +154,12 @@ pub fn swap(
                     });
                 }
                 Some(v) => {
-                    query = query.map(|q| q.replace(&ph, &query_escape(v)));
+                    let escaped = query_escape(v);
+                    query = query.map(|q| q.replace(&ph, &escaped));
                     used(v, &mut out);
+                    // An upstream that echoes its URL (a redirect, a next-page link)
+                    // echoes the value as it was sent.
+                    used(&escaped, &mut out);
                 }
             }
         }
@@ -167,10 +172,16 @@ pub fn swap(
         parts.uri = http::Uri::from_parts(uri).map_err(|_| Misuse { hint: "the URI could not be rebuilt".into() })?;
     }
 
-    for (s, v) in &bound {
+    for (s, v) in bound.iter().filter(|_| has_body) {
         if s.body {
             out.body.push((s.placeholder(), v.to_string()));
             used(v, &mut out);
+        }
+    }
+    // JSON may escape `/` in what it echoes.
+    for v in out.values.clone() {
+        if v.contains('/') {
+            used(&v.replace('/', "\\/"), &mut out);
         }
     }
     Ok(out)
@@ -180,13 +191,13 @@ pub fn swap(
 mod tests {
     use super::*;
     use crate::config::SecretSource;
-    use crate::policy::HostPattern;
+    use crate::policy::{HostPattern, PortSpec};
 
     fn cfg(name: &str, host: &str, query: bool) -> SecretConfig {
         SecretConfig {
             name: name.into(),
             source: SecretSource::Env("X".into()),
-            hosts: vec![HostPattern::Exact(host.into())],
+            hosts: vec![(HostPattern::Exact(host.into()), PortSpec::Default)],
             policies: vec![],
             query,
             body: false,
@@ -202,33 +213,37 @@ mod tests {
     fn swaps_on_bound_hosts_and_refuses_elsewhere() {
         let secrets = vec![cfg("openai", "api.openai.com", true)];
         let values = HashMap::from([("openai".to_string(), Secret::new("sk-real"))]);
-        let bound = Host::Name("api.openai.com".into());
+        let t = |h: &str| crate::addr::parse_authority(h, Some(443)).unwrap();
+        let bound = t("api.openai.com");
         let mut p = parts("/v1/x?key=EGRESS_SECRET_openai", "Bearer EGRESS_SECRET_openai");
-        let s = swap(&mut p, &bound, "p", &secrets, &values).unwrap();
+        let s = swap(&mut p, &bound, "p", &secrets, &values, false).unwrap();
         assert_eq!(p.headers["authorization"], "Bearer sk-real");
         assert_eq!(p.uri.to_string(), "/v1/x?key=sk-real");
         assert_eq!(s.values, vec!["sk-real".to_string()]);
 
-        let evil = Host::Name("evil.example".into());
+        let evil = t("evil.example");
+        // The same host on another port is not the bound host.
         let mut p = parts("/", "Bearer EGRESS_SECRET_openai");
-        assert!(swap(&mut p, &evil, "p", &secrets, &values).is_err());
+        assert!(swap(&mut p, &t("api.openai.com:8443"), "p", &secrets, &values, false).is_err());
+        let mut p = parts("/", "Bearer EGRESS_SECRET_openai");
+        assert!(swap(&mut p, &evil, "p", &secrets, &values, false).is_err());
         let mut p = parts("/?k=EGRESS_SECRET_openai", "none");
-        assert!(swap(&mut p, &evil, "p", &secrets, &values).is_err());
+        assert!(swap(&mut p, &evil, "p", &secrets, &values, false).is_err());
 
         // Not in the query unless configured; never in the path.
         let strict = vec![cfg("openai", "api.openai.com", false)];
         let mut p = parts("/?k=EGRESS_SECRET_openai", "none");
-        assert!(swap(&mut p, &bound, "p", &strict, &values).is_err());
+        assert!(swap(&mut p, &bound, "p", &strict, &values, false).is_err());
         let mut p = parts("/EGRESS_SECRET_openai", "none");
-        assert!(swap(&mut p, &bound, "p", &secrets, &values).is_err());
+        assert!(swap(&mut p, &bound, "p", &secrets, &values, false).is_err());
 
         // Bound to a policy: another policy's sandbox cannot use it.
         let mut only = cfg("openai", "api.openai.com", false);
         only.policies = vec!["agents".into()];
         let mut p = parts("/", "Bearer EGRESS_SECRET_openai");
-        assert!(swap(&mut p, &bound, "other", &[only], &values).is_err());
+        assert!(swap(&mut p, &bound, "other", &[only], &values, false).is_err());
         // Unknown placeholder text passes untouched.
         let mut p = parts("/", "EGRESS_SECRET_unknown");
-        assert!(!swap(&mut p, &evil, "p", &secrets, &values).unwrap().any());
+        assert!(!swap(&mut p, &evil, "p", &secrets, &values, false).unwrap().any());
     }
 }

@@ -2,10 +2,14 @@
 //! path globs, and optional query and header matchers, each `allow` or `deny`. Deny
 //! beats allow; no match is a deny. Pure.
 //!
-//! Paths are matched after one percent-decoding; a path that climbs (`..`, `//`, `\`,
-//! as written or encoded) or encodes a slash (`%2F`, `%5C`) is refused before any rule
-//! is consulted, so an encoded form can neither dodge a deny rule nor ride an allow rule
-//! into another path once the upstream decodes it.
+//! Paths are matched after one percent-decoding, without regard to case (GitHub's
+//! owners and repositories, like many APIs' names, are case-insensitive: `Secrets` must
+//! not dodge a deny rule for `secrets`). A path that climbs (`..`, `.`, `//`, `\`, as
+//! written or encoded), encodes a slash (`%2F`, `%5C`), is encoded twice, or holds `;`
+//! parameters or control characters is refused before any rule is consulted, so an
+//! encoded form can neither dodge a deny rule nor ride an allow rule into another path
+//! once the upstream decodes it. A query or header matcher must match every value the
+//! request carries for its name (a duplicate cannot smuggle a second value past it).
 
 use globset::{GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
 
@@ -60,6 +64,7 @@ pub struct RequestView<'a> {
 fn glob(pattern: &str) -> Result<GlobMatcher, String> {
     GlobBuilder::new(pattern)
         .literal_separator(true)
+        .case_insensitive(true)
         .build()
         .map(|g| g.compile_matcher())
         .map_err(|e| format!("invalid glob {pattern:?}: {e}"))
@@ -95,6 +100,7 @@ impl RequestRule {
                 set.add(
                     GlobBuilder::new(p)
                         .literal_separator(true)
+                        .case_insensitive(true)
                         .build()
                         .map_err(|e| ("paths".to_string(), format!("invalid glob {p:?}: {e}")))?,
                 );
@@ -126,9 +132,24 @@ impl RequestRule {
         self.host.matches(r.host)
             && (self.methods.is_empty() || self.methods.iter().any(|m| m == r.method))
             && self.paths.as_ref().is_none_or(|p| p.is_match(r.path))
-            && self.query.iter().all(|(k, g)| query_pairs(r.query).any(|(qk, qv)| qk == *k && g.is_match(&qv)))
-            && self.headers.iter().all(|(k, g)| r.headers.iter().any(|(hk, hv)| hk == k && g.is_match(hv)))
+            && self
+                .query
+                .iter()
+                .all(|(k, g)| all_match(query_pairs(r.query).filter(|(qk, _)| qk == k).map(|(_, v)| v), g))
+            && self
+                .headers
+                .iter()
+                .all(|(k, g)| all_match(r.headers.iter().filter(|(hk, _)| hk == k).map(|(_, v)| v.clone()), g))
     }
+}
+
+/// At least one value, and every value matches.
+fn all_match(mut values: impl Iterator<Item = String>, g: &GlobMatcher) -> bool {
+    let mut any = false;
+    values.all(|v| {
+        any = true;
+        g.is_match(&v)
+    }) && any
 }
 
 fn http_token(s: &str) -> bool {
@@ -149,7 +170,20 @@ pub fn normalize_path(path: &str) -> Result<String, &'static str> {
     if super::route::is_traversal(path) || path.split('/').any(|s| s == ".") {
         return Err("path traversal is not allowed");
     }
-    String::from_utf8(decode(path.as_bytes(), false)).map_err(|_| "the path is not valid UTF-8 once decoded")
+    let decoded =
+        String::from_utf8(decode(path.as_bytes(), false)).map_err(|_| "the path is not valid UTF-8 once decoded")?;
+    if decoded.bytes().any(|b| b < 0x20 || b == 0x7f || b == b';') {
+        return Err("control characters and ; parameters are not allowed in the path");
+    }
+    // Still encoded after one decoding: an upstream that decodes twice would see
+    // another path than the one judged.
+    if decoded.as_bytes().windows(3).any(|w| w[0] == b'%' && w[1].is_ascii_hexdigit() && w[2].is_ascii_hexdigit()) {
+        return Err("a path encoded twice is not allowed");
+    }
+    if decoded.split('/').any(|s| s == "." || s == "..") {
+        return Err("path traversal is not allowed");
+    }
+    Ok(decoded)
 }
 
 /// `k=v` pairs of a query, percent-decoded (`+` as a space).
@@ -223,6 +257,7 @@ mod tests {
         let g = Host::Name("storage.googleapis.com".into());
         assert!(one.matches(&view(&g, "PUT", "/v1/x")));
         assert!(!one.matches(&view(&g, "PUT", "/v1/x/y")), "* stays within a segment");
+        assert!(r.matches(&view(&h, "GET", "/Repos/ACME/widgets")), "case does not dodge a rule");
         assert!(!one.matches(&view(&Host::Name("googleapis.com".into()), "PUT", "/v1/x")));
     }
 
@@ -245,6 +280,8 @@ mod tests {
         assert!(r.matches(&v));
         v.query = Some("ref=dev");
         assert!(!r.matches(&v));
+        v.query = Some("ref=dev&ref=main");
+        assert!(!r.matches(&v), "every value of a duplicated parameter must match");
         v.query = Some("ref=main");
         v.headers = &[];
         assert!(!r.matches(&v));
@@ -253,7 +290,20 @@ mod tests {
     #[test]
     fn paths_are_normalized_or_refused() {
         assert_eq!(normalize_path("/repos/a%20b").unwrap(), "/repos/a b");
-        for bad in ["/a/../b", "/a/%2e%2e/b", "/a%2Fb", "/a%5cb", "//x", "/a/./b", "relative", "/%c0%ae%c0%ae/"] {
+        for bad in [
+            "/a/../b",
+            "/a/%2e%2e/b",
+            "/a%2Fb",
+            "/a%5cb",
+            "//x",
+            "/a/./b",
+            "relative",
+            "/%c0%ae%c0%ae/",
+            "/a;x/b",
+            "/a%00/b",
+            "/a%2561",
+            "/a/%2e/b",
+        ] {
             assert!(normalize_path(bad).is_err(), "{bad}");
         }
         let pairs: Vec<_> = query_pairs(Some("a=1&b=x%20y+z&c")).collect();

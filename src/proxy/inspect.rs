@@ -43,11 +43,12 @@ impl door::Inspector for Dispatch {
                 }
             };
             let (target, conn) = (Arc::new(target), Arc::new(conn));
+            let idle = shared.config.proxy.tunnel_idle_timeout;
             let handler = move |req: Request<Incoming>| {
                 let (shared, conn, target) = (shared.clone(), conn.clone(), target.clone());
                 async move { route(req, &conn, &shared, &target).await }
             };
-            crate::intercept::serve(tls, cancel, timeout, handler).await;
+            crate::intercept::serve(tls, cancel, timeout, idle, handler).await;
         })
     }
 }

@@ -28,7 +28,8 @@ impl InterceptConfig {
 pub struct SecretConfig {
     pub name: String,
     pub source: SecretSource,
-    pub hosts: Vec<HostPattern>,
+    /// Host rules with their ports (a bare host: 443).
+    pub hosts: Vec<(HostPattern, crate::policy::PortSpec)>,
     /// Empty: every policy.
     pub policies: Vec<String>,
     pub query: bool,
@@ -44,10 +45,28 @@ impl SecretConfig {
         format!("{PLACEHOLDER_PREFIX}{}", self.name)
     }
 
-    /// True when the value may be sent to `host` by a sandbox under `policy`.
-    pub fn bound_to(&self, host: &crate::addr::Host, policy: &str) -> bool {
-        self.hosts.iter().any(|p| p.matches(host))
+    /// True when the value may be sent to `target` by a sandbox under `policy`.
+    pub fn bound_to(&self, target: &crate::addr::Target, policy: &str) -> bool {
+        use crate::policy::PortSpec;
+        let port_ok = |spec: &PortSpec| match spec {
+            PortSpec::Default => target.port == 443,
+            PortSpec::Any => true,
+            PortSpec::One(p) => *p == target.port,
+        };
+        self.hosts.iter().any(|(p, ports)| p.matches(&target.host) && port_ok(ports))
             && (self.policies.is_empty() || self.policies.iter().any(|p| p == policy))
+    }
+
+    /// The first secret whose placeholder appears in `bytes`.
+    pub fn find_in<'s>(secrets: &'s [SecretConfig], bytes: &[u8]) -> Option<&'s SecretConfig> {
+        let prefix = PLACEHOLDER_PREFIX.as_bytes();
+        if !bytes.windows(prefix.len()).any(|w| w == prefix) {
+            return None;
+        }
+        secrets.iter().find(|s| {
+            let ph = s.placeholder();
+            bytes.windows(ph.len()).any(|w| w == ph.as_bytes())
+        })
     }
 }
 
@@ -117,7 +136,7 @@ pub(super) fn validate_secrets(
         let mut hosts = Vec::with_capacity(s.hosts.len());
         for (j, h) in s.hosts.iter().enumerate() {
             let rule = parse_rule(h).map_err(|e| ConfigError::invalid(file, format!("secrets[{i}].hosts[{j}]"), e))?;
-            hosts.push(rule.pattern);
+            hosts.push((rule.pattern, rule.ports));
         }
         out.push(SecretConfig { name: s.name, source, hosts, policies: s.policies, query: s.query, body: s.body });
     }
