@@ -397,6 +397,23 @@ fn check_explains_request_rules_with_file_and_line() {
     assert!(text.contains("EGRESS_SECRET_openai"), "check names the placeholder bound to the host: {text}");
     let out = run(&["--sandbox", "sbx-a", "--method", "DELETE", &ok_url]);
     assert_eq!(out.status.code(), Some(1));
+
+    // policy test: table-driven cases with methods on an inspected host.
+    let cases = w._dir.path().join("cases.toml");
+    std::fs::write(
+        &cases,
+        format!(
+            "[[case]]\nsandbox = \"sbx-a\"\ntarget = \"{ok_url}\"\nmethod = \"POST\"\nexpect = \"allow\"\n\
+             [[case]]\nsandbox = \"sbx-a\"\ntarget = \"{ok_url}\"\nmethod = \"DELETE\"\nexpect = \"deny\"\n\
+             reason = \"request_not_allowed\"\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["policy", "test", "--config", w.gw.config_path().to_str().unwrap(), cases.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! expect = "allow"                       # or "deny"
 //! reason = "host_denied"                 # optional, with deny
 //! push = "refs/heads/agent/x"            # optional, git URLs only
-//! method = "POST"                        # optional, route: targets only (GET)
+//! method = "POST"                        # optional (GET): route: targets, and URLs of inspected hosts
 //! ```
 
 use std::io::Write;
