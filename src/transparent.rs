@@ -65,8 +65,17 @@ async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, deadline: tokio::t
     }
 }
 
-/// Serves one transparent connection to its end.
-pub async fn serve(mut stream: TcpStream, conn: ConnInfo, door: &Door, cfg: &TransparentConfig, listener: Listener) {
+/// Serves one transparent connection to its end. With `inspector`, a TLS connection
+/// to a host the sandbox's policy inspects is handed to it (the ClientHello read is
+/// replayed to the TLS acceptor), as a CONNECT to that host would be.
+pub async fn serve(
+    mut stream: TcpStream,
+    conn: ConnInfo,
+    door: &Door,
+    cfg: &TransparentConfig,
+    listener: Listener,
+    inspector: Option<std::sync::Arc<dyn door::Inspector>>,
+) {
     let state = door.store.snapshot();
     let method = match listener {
         Listener::Https => "TLS",
@@ -133,12 +142,30 @@ pub async fn serve(mut stream: TcpStream, conn: ConnInfo, door: &Door, cfg: &Tra
             return refuse(&mut stream, &mut rec, listener, refusal).await;
         }
     };
-    let hold = match door::authorize_as(door, &state, &mut rec, &conn, identity, Subject::Host(target.clone())) {
-        Ok(a) => match a.opaque_refusal("transparent listeners do not inspect") {
-            Some(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
-            None => a.hold,
-        },
+    let authorized = match door::authorize_as(door, &state, &mut rec, &conn, identity, Subject::Host(target.clone())) {
+        Ok(a) => a,
         Err(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
+    };
+    if listener == Listener::Https
+        && let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target))
+    {
+        rec.status = 200;
+        let _active = crate::metrics::ActiveGuard::tunnel();
+        let cancel = authorized.hold.registration().token().clone();
+        let inner = ConnInfo { identity: Some(authorized.identity), pending: None, ..conn };
+        let io: Box<dyn door::Io> = Box::new(Replayed { head: early, at: 0, inner: stream });
+        inspector.serve(io, door::Inspected { target, conn: inner, cancel }).await;
+        rec.emit();
+        drop(authorized.hold);
+        return;
+    }
+    let why = match listener {
+        Listener::Https => "intercept.never (or no [intercept]) keeps it a tunnel",
+        Listener::Http => "the plain-HTTP transparent listener does not inspect",
+    };
+    let hold = match authorized.opaque_refusal(why) {
+        Some(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
+        None => authorized.hold,
     };
     let (mut upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {
         Some(Ok(ok)) => ok,
@@ -165,6 +192,53 @@ pub async fn serve(mut stream: TcpStream, conn: ConnInfo, door: &Door, cfg: &Tra
     rec.bytes_down = out.down;
     crate::door::record::budget_ended(&mut rec, out.end, meter);
     rec.emit();
+}
+
+/// The client's stream with the bytes already read from it (the ClientHello) read
+/// again first.
+struct Replayed {
+    head: Vec<u8>,
+    at: usize,
+    inner: TcpStream,
+}
+
+impl tokio::io::AsyncRead for Replayed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.head.len() {
+            let n = buf.remaining().min(self.head.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.head[at..at + n]);
+            self.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Replayed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 fn read_refusal(e: &ReadError) -> Refusal {

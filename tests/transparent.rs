@@ -396,10 +396,11 @@ fn overlapping_address_claims_are_a_load_error_naming_both() {
     assert!(err.contains("transparent.https_listen") && err.contains("loopback"), "{err}");
 }
 
-/// A host the policy lists only in `inspect` is not tunnelled by the SNI or Host
-/// listeners, which do not inspect: a tunnel would skip every request rule.
+/// A TLS connection to a host the policy inspects is inspected, as a CONNECT would be:
+/// its requests are decided by request rules. The plain-HTTP listener, which does not
+/// inspect, refuses a host listed only in `inspect`: a tunnel would skip every rule.
 #[test]
-fn an_inspect_only_host_is_refused_by_the_transparent_listeners() {
+fn transparent_tls_to_an_inspected_host_is_inspected() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
     let made = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
@@ -410,21 +411,44 @@ fn an_inspect_only_host_is_refused_by_the_transparent_listeners() {
     let ca = ca();
     let origin = TestOrigin::https(&ca);
     let config = format!(
-        "{STANDARD_CONFIG}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttps_port = {}\n\
-         [intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n",
+        "{STANDARD_CONFIG}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+         https_port = {}\nhttp_port = {}\n[intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n\
+         upstream_ca_file = \"{}\"\n",
+        origin.port(),
         origin.port(),
         cert.display(),
-        key.display()
+        key.display(),
+        ca.ca_pem_path.display()
     );
-    let policy = policy()
-        .replace("deny = [\"blocked.origin.test\"]", "deny = [\"blocked.origin.test\"]\ninspect = [\"b-only.test:*\"]");
+    let rules = "deny = [\"blocked.origin.test\"]\ninspect = [\"b-only.test:*\"]\n\
+                 [[policies.a.requests]]\nhost = \"b-only.test\"\nmethods = [\"GET\"]\npaths = [\"/hello\"]\naction = \"allow\"\n";
+    let policy = policy().replace("deny = [\"blocked.origin.test\"]\n", rules);
     let gw = TestGateway::start(&config, &policy);
-    let refused = curl_https(&gw, &ca, "b-only.test", &[]);
-    assert_ne!(refused.exit, 0, "{}", refused.body);
-    let rec = access(&gw, &format!("b-only.test:{}", origin.port()));
-    assert_eq!(rec["reason"], "host_not_allowed", "{rec}");
-    assert!(origin.recorded().is_empty(), "nothing reached the origin");
-    // An allowed host still tunnels.
-    let ok = curl_https(&gw, &ca, "tls.test", &[]);
-    assert_eq!((ok.exit, ok.status), (0, 200), "{}", ok.stderr);
+    let listen = gw.transparent_addr("https");
+    let run = |extra: &[&str]| {
+        let connect_to = format!("b-only.test:443:127.0.0.1:{}", listen.port());
+        let mut args = vec!["--noproxy", "*", "--cacert", cert.to_str().unwrap(), "--connect-to", &connect_to];
+        args.extend_from_slice(extra);
+        args.push("https://b-only.test/hello");
+        curl(&args)
+    };
+    // The client trusts the gateway's CA: the leaf is the gateway's, the request is
+    // decided and sent on.
+    let ok = run(&[]);
+    assert_eq!((ok.exit, ok.status), (0, 200), "{} {}", ok.stderr, ok.body);
+    assert_eq!(origin.recorded().len(), 1);
+    let denied = run(&["-X", "POST"]);
+    assert_eq!(denied.status, 403, "{}", denied.body);
+    assert!(denied.body.contains("request_not_allowed"), "{}", denied.body);
+    assert_eq!(origin.recorded().len(), 1, "the refused request did not reach the origin");
+    let rec = gw.wait_for_access(1, |v| v["kind"] == "inspect" && v["reason"] == "request_not_allowed");
+    assert_eq!(rec[0]["sandbox"], "sbx-a", "{}", rec[0]);
+
+    // Plain HTTP to the same host: refused, not tunnelled.
+    let http = gw.transparent_addr("http");
+    let connect_to = format!("b-only.test:80:127.0.0.1:{}", http.port());
+    let plain = curl(&["--noproxy", "*", "--connect-to", &connect_to, "http://b-only.test/hello"]);
+    assert_eq!(plain.status, 403, "{}", plain.body);
+    assert!(plain.body.contains("host_not_allowed") && plain.body.contains("inspect"), "{}", plain.body);
+    assert_eq!(origin.recorded().len(), 1);
 }

@@ -73,7 +73,11 @@ pub async fn serve(
                 },
             };
             conn.pending = Some(Arc::new(pending));
-            crate::transparent::serve(stream, conn, &shared.door, &cfg, kind).await;
+            let inspector = shared
+                .intercept
+                .as_ref()
+                .map(|_| Arc::new(super::inspect::Dispatch(shared.clone())) as Arc<dyn crate::door::Inspector>);
+            crate::transparent::serve(stream, conn, &shared.door, &cfg, kind, inspector).await;
         });
     }
 }
