@@ -57,6 +57,18 @@ pub fn is_encoded(h: &HeaderMap) -> bool {
             .any(|v| v.as_bytes().split(|b| *b == b',').any(|c| !c.trim_ascii().eq_ignore_ascii_case(b"chunked")))
 }
 
+/// True when an occurrence of `needle` in `hay` follows `%`, or `%` and a hex digit:
+/// an upstream that percent-decodes would fold the first characters of what replaces
+/// it into an escape, and the altered value would pass the redactor.
+pub fn any_glued(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).enumerate().any(|(at, w)| {
+        let before = |n: usize| at.checked_sub(n).and_then(|i| hay.get(i)).copied();
+        w == needle
+            && (before(1) == Some(b'%')
+                || (before(2) == Some(b'%') && before(1).is_some_and(|b| b.is_ascii_hexdigit())))
+    })
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -93,11 +105,17 @@ pub struct RedactBody<B> {
     replacement: Vec<u8>,
     carry: BytesMut,
     done: bool,
+    /// Replacing (not redacting): refuse an occurrence glued to a `%` escape, and the
+    /// last two bytes emitted, to see one across chunks.
+    guard: bool,
+    prev: Vec<u8>,
 }
 
 impl<B> RedactBody<B> {
     pub fn new(inner: B, secret: &str) -> Self {
-        Self::replacing(inner, secret, MARK)
+        let mut r = Self::replacing(inner, secret, MARK);
+        r.guard = false;
+        r
     }
 
     /// Writes `replacement` wherever `needle` streams past.
@@ -108,6 +126,8 @@ impl<B> RedactBody<B> {
             replacement: replacement.as_bytes().to_vec(),
             carry: BytesMut::new(),
             done: false,
+            guard: true,
+            prev: Vec::new(),
         }
     }
 }
@@ -131,7 +151,22 @@ where
                 Ok(data) => {
                     let mut buf = std::mem::take(&mut self.carry);
                     buf.extend_from_slice(&data);
+                    if self.guard {
+                        let mut seen = self.prev.clone();
+                        seen.extend_from_slice(&buf);
+                        if any_glued(&seen, &self.secret) {
+                            self.done = true;
+                            return Poll::Ready(Some(Err("a placeholder follows a % escape in the body".into())));
+                        }
+                    }
                     let (out, tail) = scrub_with(&buf, &self.secret, &self.replacement);
+                    if self.guard {
+                        let keep = out.len().min(2);
+                        let mut prev = self.prev.clone();
+                        prev.extend_from_slice(&out[out.len() - keep..]);
+                        let cut = prev.len().saturating_sub(2);
+                        self.prev = prev.split_off(cut);
+                    }
                     self.carry = BytesMut::from(&tail[..]);
                     Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
                 }

@@ -172,6 +172,9 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
     // A refused method, a denied path and an unlisted path: 403 with the reason.
     for (args, path, rule) in [
         (vec!["-X", "DELETE"], "/echo", None),
+        (vec!["-X", "delete"], "/echo", None),
+        (vec!["-X", "get"], "/Echo/Admin/users", Some("deny * inspect.test/echo/admin/**")),
+        (vec![], "/echo/admin", Some("deny * inspect.test/echo/admin/**")),
         (vec![], "/echo/admin/users", Some("deny * inspect.test/echo/admin/**")),
         (vec![], "/other", None),
     ] {
@@ -188,7 +191,7 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
         assert_eq!(w.origin.recorded().len(), before, "nothing refused reaches the origin");
     }
     // Traversal cannot dodge the deny rule: such a path is not judged at all.
-    for path in ["/echo/x/../admin/users", "/echo/%2e%2e/admin/users", "/echo%2Fadmin/users"] {
+    for path in ["/echo/x/../admin/users", "/echo/%2e%2e/admin/users", "/echo%2Fadmin/users", "/echo/admin./users"] {
         let r = curl(&w, &w.gw_ca, &["--path-as-is"], &url("inspect.test", path));
         assert_eq!(r.status, 400, "{path}: {}", r.body);
         assert!(r.headers.contains("x-egress-deny-reason: bad_request"), "{}", r.headers);
@@ -235,6 +238,18 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let seen = w.origin.recorded().pop().unwrap();
     assert_eq!(seen.uri, "/echo?key=sk-real%2Bvalue%2F7d1e0c");
     assert!(!r.body.contains("%2Bvalue") && r.body.contains("[REDACTED]"), "{}", r.body);
+
+    // A placeholder glued to a % escape would be altered by an upstream that decodes.
+    let r = curl(&w, &w.gw_ca, &[], &url("inspect.test", "/echo?key=%4EGRESS_SECRET_openai"));
+    assert_eq!(r.status, 403, "{}", r.body);
+    // A value stored by one request comes back redacted in another's response, which
+    // carried no placeholder.
+    let r = curl(&w, &w.gw_ca, &["-H", &format!("x-echo: {SECRET}")], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.contains(SECRET), "{}", r.body);
+    // A GET with a body is not sent on.
+    let r = curl(&w, &w.gw_ca, &["-X", "GET", "--data", "x"], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 400, "{}", r.body);
 
     // Never on an upgraded connection, whose bytes are not redacted.
     let ws = ["-H", auth, "-H", "Upgrade: websocket", "-H", "Connection: Upgrade", "--http1.1"];
@@ -619,7 +634,7 @@ hosts_file = false
 [egress]
 allow = ["127.0.0.1/32"]
 [github]
-api_url = "https://api.test:{port}"
+api_url = "https://api.test:{port}/api/v3"
 [intercept]
 ca_cert_file = "{cert}"
 ca_key_file = "{key}"
@@ -650,22 +665,39 @@ policy = "a"
     let url = |path: &str| format!("https://api.test:{}{path}", w.origin.port());
     let cases: &[(&str, &str, &str, u16, &str)] = &[
         // A write whose ref is not in its body: the body goes on intact.
-        ("POST", "/repos/acme/widgets/git/blobs", r#"{"content":"x"}"#, 200, "\"body_len\":15"),
-        ("PUT", "/repos/acme/widgets/contents/a.txt", r#"{"branch":"agent/x"}"#, 200, "\"body_len\":20"),
-        ("PUT", "/repos/acme/widgets/contents/a.txt", r#"{"branch":"main"}"#, 403, "git_ref_denied"),
-        ("PUT", "/repos/acme/widgets/contents/a.txt", r#"{"message":"default branch"}"#, 403, "git_ref_denied"),
-        ("DELETE", "/repos/acme/widgets/git/refs/heads/main", "", 403, "git_ref_denied"),
-        ("DELETE", "/repos/acme/widgets/git/ref%73/heads/main", "", 403, "git_ref_denied"),
-        ("POST", "/repos/acme/widgets/Git/Refs/", r#"{"ref":"refs/heads/main","sha":"x"}"#, 403, "git_ref_denied"),
+        ("POST", "/api/v3/repos/acme/widgets/git/blobs", r#"{"content":"x"}"#, 200, "\"body_len\":15"),
+        ("PUT", "/api/v3/repos/acme/widgets/contents/a.txt", r#"{"branch":"agent/x"}"#, 200, "\"body_len\":20"),
+        ("PUT", "/api/v3/repos/acme/widgets/contents/a.txt", r#"{"branch":"main"}"#, 403, "git_ref_denied"),
+        ("PUT", "/api/v3/repos/acme/widgets/contents/a.txt", r#"{"message":"default branch"}"#, 403, "git_ref_denied"),
+        ("DELETE", "/api/v3/repos/acme/widgets/git/refs/heads/main", "", 403, "git_ref_denied"),
+        ("DELETE", "/api/v3/repos/acme/widgets/git/ref%73/heads/main", "", 403, "git_ref_denied"),
+        ("delete", "/api/v3/repos/acme/widgets/git/refs/heads/main", "", 403, "git_ref_denied"),
         (
             "POST",
-            "/repos/acme/widgets/git/refs",
+            "/api/v3/repos/acme/widgets/Git/Refs/",
+            r#"{"ref":"refs/heads/main","sha":"x"}"#,
+            403,
+            "git_ref_denied",
+        ),
+        (
+            "POST",
+            "/api/v3/repos/acme/widgets/git/refs",
             r#"{"ref":"refs/heads/agent/y","sha":"x"}"#,
             200,
             "\"method\":\"POST\"",
         ),
-        ("POST", "/repos/other/secret/git/blobs", r#"{"content":"x"}"#, 403, "repo_not_connected"),
-        ("GET", "/repos/other/secret/git/refs", "", 200, "\"method\":\"GET\""),
+        ("POST", "/api/v3/repos/other/secret/git/blobs", r#"{"content":"x"}"#, 403, "repo_not_connected"),
+        ("PUT", "/api/v3/repos/acme/widgets/pulls/3/merge", r#"{}"#, 403, "git_ref_denied"),
+        ("POST", "/api/v3/repositories/42/git/refs", r#"{"ref":"refs/heads/agent/z"}"#, 403, "git_write_denied"),
+        (
+            "POST",
+            "/api/graphql",
+            r#"{"query":"mutation { createCommitOnBranch(input: {}) { x } }"}"#,
+            403,
+            "git_write_denied",
+        ),
+        ("POST", "/api/graphql", r#"{"query":"query { viewer { login } }"}"#, 200, "\"method\":\"POST\""),
+        ("GET", "/api/v3/repos/other/secret/git/refs", "", 200, "\"method\":\"GET\""),
     ];
     for (method, path, body, status, needle) in cases {
         let mut args = vec!["-X", method, "--path-as-is"];

@@ -60,19 +60,54 @@ pub async fn handle(
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let mut body = Some(body);
+    let websocket = |h: &HeaderMap| {
+        h.get_all(header::UPGRADE).iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+            && h.contains_key(header::UPGRADE)
+    };
+    // Only WebSocket is relayed: `h2c` or another protocol would be an unjudged pipe.
+    if wants_upgrade && !websocket(&parts.headers) {
+        let hint = "only WebSocket upgrades are relayed inside an inspected connection";
+        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+    }
+    // Upstreams disagree on whether a GET or HEAD has a body: one that ignores it
+    // would read the body as the next request on the pooled connection.
+    if matches!(parts.method, http::Method::GET | http::Method::HEAD)
+        && body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b))
+    {
+        drain_rest(body.take(), door).await;
+        let hint = "a GET or HEAD request with a body is not sent on: upstreams disagree on its framing";
+        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+    }
+    // The gateway already answered any `Expect: 100-continue` itself.
+    parts.headers.remove(header::EXPECT);
 
     // On the GitHub API, writes to refs and contents are judged by the git rules too.
     // Mapped on the decoded path, as request rules are: `/git/%72efs` is `/git/refs`.
     // A path that cannot be decoded is refused by the request rules below.
-    let api_write = (target.host.as_name() == door.config.github.api_url.host())
+    // GitHub Enterprise Server serves it under a prefix (`/api/v3`).
+    let api = &door.config.github.api_url;
+    let api_write = (target.host.as_name() == api.host())
         .then(|| policy::requests::normalize_path(parts.uri.path()).ok())
         .flatten()
-        .and_then(|path| super::github_api::write_of(&method, &path));
+        .and_then(|path| {
+            // GraphQL: `/graphql` on github.com, `/api/graphql` on GHES.
+            if path.to_ascii_lowercase().trim_end_matches('/').ends_with("/graphql") {
+                return super::github_api::write_of(&method, "/graphql");
+            }
+            let prefix = api.path().trim_end_matches('/');
+            let rest =
+                path.get(..prefix.len()).filter(|p| p.eq_ignore_ascii_case(prefix)).and(path.get(prefix.len()..))?;
+            super::github_api::write_of(&method, rest)
+        });
     let mut buffered: Option<Bytes> = None;
     if let Some(write) = &api_write {
         // Only a write whose ref is in its body is read ahead; every other body streams
         // on untouched (its Content-Length must stay true).
-        let json = if matches!(write.at, super::github_api::RefAt::Body { .. })
+        if let super::github_api::RefAt::Refused(why) = write.at {
+            drain_rest(body.take(), door).await;
+            return finish(&mut rec, DenyReason::GitWriteDenied, None, why, Entry::Absolute);
+        }
+        let json = if matches!(write.at, super::github_api::RefAt::Body { .. } | super::github_api::RefAt::GraphQl)
             && let Some(b) = body.take()
         {
             let idle = door.config.proxy.tunnel_idle_timeout;
@@ -83,6 +118,15 @@ pub async fn handle(
                     // the pooled upstream connection.
                     parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
                     parts.headers.remove(header::TRANSFER_ENCODING);
+                    if write.at == super::github_api::RefAt::GraphQl
+                        && let Some(mutation) = super::github_api::graphql_write(&bytes)
+                    {
+                        let hint = format!(
+                            "the GraphQL mutation {mutation} writes refs, which the git rules cannot judge here; push \
+                             through git"
+                        );
+                        return finish(&mut rec, DenyReason::GitWriteDenied, None, &hint, Entry::Absolute);
+                    }
                     let value = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
                     buffered = Some(bytes);
                     value
@@ -151,13 +195,13 @@ pub async fn handle(
     };
     // An upgraded connection is relayed as bytes, which are not redacted: a value
     // swapped into its request could come back in the stream.
-    if swapped.any() && wants_upgrade {
+    if swapped.lends() && wants_upgrade {
         let hint = "placeholder secrets are not replaced on upgraded (WebSocket) connections";
         drain_rest(body.take(), door).await;
         return finish(&mut rec, DenyReason::SecretNotAllowed, None, hint, Entry::Absolute);
     }
     // Report mode never lends the gateway's credential to a request the rules refuse.
-    if swapped.any() && rec.decision == Outcome::WouldDeny {
+    if swapped.lends() && rec.decision == Outcome::WouldDeny {
         let hint = "this request carries a placeholder secret, and the policy (in report mode) does not allow it";
         drain_rest(body.take(), door).await;
         return finish(&mut rec, DenyReason::RequestNotAllowed, None, hint, Entry::Absolute);
@@ -216,6 +260,10 @@ pub async fn handle(
         return door::refuse(&mut rec, refusal, Entry::Absolute);
     }
 
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !websocket(resp.headers()) {
+        let detail = "the upstream switched to a protocol other than WebSocket";
+        return finish(&mut rec, DenyReason::UpstreamUnreachable, None, detail, Entry::Absolute);
+    }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade
     {

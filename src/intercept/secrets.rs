@@ -12,20 +12,32 @@ use crate::addr::Target;
 use crate::config::{PLACEHOLDER_PREFIX, SecretConfig};
 use crate::secret::Secret;
 
-/// What was put in place of placeholders: the values (redacted from the response)
-/// and the body replacements to stream.
+/// What was put in place of placeholders, and what every response from the host is
+/// redacted of: every value bound to it for this sandbox (a value swapped in by one
+/// request and stored upstream must not come back in another's response).
 #[derive(Default)]
 pub struct Swapped {
+    /// Redacted from the response: each bound value, and the escaped forms used.
     pub values: Vec<String>,
     /// `(placeholder, value)` pairs to replace in the request body.
     pub body: Vec<(String, String)>,
+    /// A placeholder was replaced in the head (headers or query).
+    pub used: bool,
 }
 
 impl Swapped {
+    /// The response must be redacted (and asked for unencoded).
     pub fn any(&self) -> bool {
         !self.values.is_empty() || !self.body.is_empty()
     }
+
+    /// A value travels in this request (its head, or possibly its body).
+    pub fn lends(&self) -> bool {
+        self.used || !self.body.is_empty()
+    }
 }
+
+use crate::redact::any_glued;
 
 /// A placeholder where its secret may not go.
 #[derive(Debug)]
@@ -101,6 +113,14 @@ pub fn swap(
             out.values.push(v.to_string());
         }
     };
+    for (_, v) in &bound {
+        used(v, &mut out);
+    }
+    let glued = |ph: &str| Misuse {
+        hint: format!(
+            "{ph} follows a % escape: an upstream that decodes it would alter the value; the request was not sent"
+        ),
+    };
 
     for (_, v) in parts.headers.iter_mut() {
         if !find(v.as_bytes(), prefix) {
@@ -113,9 +133,10 @@ pub fn swap(
                 continue;
             }
             match bound.iter().find(|(b, _)| b.name == s.name) {
+                Some(_) if any_glued(&bytes, ph.as_bytes()) => return Err(glued(&ph)),
                 Some((_, value)) => {
                     bytes = replace(&bytes, ph.as_bytes(), value.as_bytes());
-                    used(value, &mut out);
+                    out.used = true;
                 }
                 None => return Err(misuse(s, host, "headers")),
             }
@@ -153,7 +174,11 @@ pub fn swap(
                         hint: format!("{ph} is in the query, but secrets name={:?} does not set query = true", s.name),
                     });
                 }
+                Some(_) if query.as_deref().is_some_and(|q| any_glued(q.as_bytes(), ph.as_bytes())) => {
+                    return Err(glued(&ph));
+                }
                 Some(v) => {
+                    out.used = true;
                     let escaped = query_escape(v);
                     query = query.map(|q| q.replace(&ph, &escaped));
                     used(v, &mut out);

@@ -97,13 +97,17 @@ impl RequestRule {
                         format!("expected a path glob starting with / (no query), got {p:?}"),
                     ));
                 }
-                set.add(
-                    GlobBuilder::new(p)
-                        .literal_separator(true)
-                        .case_insensitive(true)
-                        .build()
-                        .map_err(|e| ("paths".to_string(), format!("invalid glob {p:?}: {e}")))?,
-                );
+                // `/admin/**` covers `/admin` itself too.
+                let base = p.strip_suffix("/**").filter(|b| !b.is_empty());
+                for pattern in std::iter::once(p.as_str()).chain(base) {
+                    set.add(
+                        GlobBuilder::new(pattern)
+                            .literal_separator(true)
+                            .case_insensitive(true)
+                            .build()
+                            .map_err(|e| ("paths".to_string(), format!("invalid glob {p:?}: {e}")))?,
+                    );
+                }
             }
             Some(set.build().map_err(|e| ("paths".to_string(), e.to_string()))?)
         };
@@ -128,28 +132,32 @@ impl RequestRule {
         Ok(RequestRule { host: parsed.pattern, methods, paths, query, headers, action, rule })
     }
 
+    /// Methods without regard to case (an upstream may upper-case `delete`); query
+    /// names without regard to case; header values split at commas. An allow rule's
+    /// matcher needs every value the request carries for its name to match, a deny
+    /// rule's any one of them: a duplicate can neither smuggle a second value past an
+    /// allow rule nor hide the first from a deny rule.
     pub fn matches(&self, r: &RequestView<'_>) -> bool {
+        let fits = |values: Vec<String>, g: &GlobMatcher| match self.action {
+            Action::Allow => !values.is_empty() && values.iter().all(|v| g.is_match(v)),
+            Action::Deny => values.iter().any(|v| g.is_match(v)),
+        };
         self.host.matches(r.host)
-            && (self.methods.is_empty() || self.methods.iter().any(|m| m == r.method))
+            && (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(r.method)))
             && self.paths.as_ref().is_none_or(|p| p.is_match(r.path))
-            && self
-                .query
-                .iter()
-                .all(|(k, g)| all_match(query_pairs(r.query).filter(|(qk, _)| qk == k).map(|(_, v)| v), g))
-            && self
-                .headers
-                .iter()
-                .all(|(k, g)| all_match(r.headers.iter().filter(|(hk, _)| hk == k).map(|(_, v)| v.clone()), g))
+            && self.query.iter().all(|(k, g)| {
+                fits(query_pairs(r.query).filter(|(qk, _)| qk.eq_ignore_ascii_case(k)).map(|(_, v)| v).collect(), g)
+            })
+            && self.headers.iter().all(|(k, g)| {
+                let values = r
+                    .headers
+                    .iter()
+                    .filter(|(hk, _)| hk == k)
+                    .flat_map(|(_, v)| v.split(',').map(|x| x.trim().to_string()))
+                    .collect();
+                fits(values, g)
+            })
     }
-}
-
-/// At least one value, and every value matches.
-fn all_match(mut values: impl Iterator<Item = String>, g: &GlobMatcher) -> bool {
-    let mut any = false;
-    values.all(|v| {
-        any = true;
-        g.is_match(&v)
-    }) && any
 }
 
 fn http_token(s: &str) -> bool {
@@ -182,6 +190,13 @@ pub fn normalize_path(path: &str) -> Result<String, &'static str> {
     }
     if decoded.split('/').any(|s| s == "." || s == "..") {
         return Err("path traversal is not allowed");
+    }
+    // `/admin./x` and `/admin /x` are `/admin/x` to some servers.
+    if decoded
+        .split('/')
+        .any(|s| s.ends_with('.') || s.ends_with(char::is_whitespace) || s.starts_with(char::is_whitespace))
+    {
+        return Err("a path segment may not end with . or begin or end with white space");
     }
     Ok(decoded)
 }
@@ -258,6 +273,7 @@ mod tests {
         assert!(one.matches(&view(&g, "PUT", "/v1/x")));
         assert!(!one.matches(&view(&g, "PUT", "/v1/x/y")), "* stays within a segment");
         assert!(r.matches(&view(&h, "GET", "/Repos/ACME/widgets")), "case does not dodge a rule");
+        assert!(r.matches(&view(&h, "get", "/repos/acme")), "method case, and /** covers its base");
         assert!(!one.matches(&view(&Host::Name("googleapis.com".into()), "PUT", "/v1/x")));
     }
 
@@ -282,6 +298,11 @@ mod tests {
         assert!(!r.matches(&v));
         v.query = Some("ref=dev&ref=main");
         assert!(!r.matches(&v), "every value of a duplicated parameter must match");
+        // A deny rule fires on any value, any case of the name, any item of a list.
+        let deny = RequestRule::compile(&RequestSpec { action: "deny", ..spec.clone() }, 1).unwrap();
+        let listed = vec![("x-api-version".to_string(), "1999, 2024-01".to_string())];
+        let dv = RequestView { host: &h, method: "get", path: "/", query: Some("REF=main&ref=dev"), headers: &listed };
+        assert!(deny.matches(&dv));
         v.query = Some("ref=main");
         v.headers = &[];
         assert!(!r.matches(&v));
@@ -302,6 +323,8 @@ mod tests {
             "/a;x/b",
             "/a%00/b",
             "/a%2561",
+            "/admin./x",
+            "/admin%20/x",
             "/a/%2e/b",
         ] {
             assert!(normalize_path(bad).is_err(), "{bad}");
