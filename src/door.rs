@@ -139,6 +139,35 @@ pub trait Inspector: Send + Sync {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 }
 
+/// Relays an upgraded exchange (`101`, WebSocket) as a tunnel, on a tracked task
+/// that holds the connection's place and the request's hold, and emits its access
+/// record when it ends. Counted from before the `101` is written, so a scrape after it
+/// sees it.
+pub fn relay_upgraded(
+    door: &Door,
+    slot: Option<Slot>,
+    hold: Arc<registry::Hold>,
+    mut rec: crate::access_log::AccessRecord,
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+) {
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    let active = crate::metrics::ActiveGuard::tunnel();
+    door.tasks.spawn(async move {
+        let (_slot, _active) = (slot, active);
+        let cancel = hold.registration().token().clone();
+        if let (Ok(c), Ok(u)) = (client.await, upstream.await) {
+            let meter = hold.meter().map(|m| &**m);
+            let (c, u) = (hyper_util::rt::TokioIo::new(c), hyper_util::rt::TokioIo::new(u));
+            let out = crate::relay::relay(c, u, idle, &cancel, meter).await;
+            rec.bytes_up = out.up;
+            rec.bytes_down = out.down;
+            record::budget_ended(&mut rec, out.end, meter);
+        }
+        rec.emit();
+    });
+}
+
 /// How a request reached the gateway, which decides where credentials may be and how
 /// a missing credential is challenged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,6 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioIo;
 
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
@@ -162,22 +161,7 @@ pub async fn handle(
         && let Some(client_upgrade) = client_upgrade
     {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        let idle = door.config.proxy.tunnel_idle_timeout;
-        let slot = conn.slot.clone();
-        // Counted from before the `101` is written, so a scrape after it sees it.
-        let active = crate::metrics::ActiveGuard::tunnel();
-        door.tasks.spawn(async move {
-            let (_slot, _active) = (slot, active);
-            let cancel = hold.registration().token().clone();
-            if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
-                let meter = hold.meter().map(|m| &**m);
-                let out = crate::relay::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel, meter).await;
-                rec.bytes_up = out.up;
-                rec.bytes_down = out.down;
-                crate::door::record::budget_ended(&mut rec, out.end, meter);
-            }
-            rec.emit();
-        });
+        door::relay_upgraded(door, conn.slot.clone(), hold, rec, client_upgrade, upstream_upgrade);
         let (mut parts, _) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, true);
         return Response::from_parts(parts, respond::empty());

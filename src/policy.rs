@@ -421,21 +421,7 @@ impl PolicyBuilder {
 
     /// Adds one `inspect` host (a host rule: `api.github.com`, `*.googleapis.com:443`).
     pub fn add_inspect(&mut self, text: &str, location: &str) -> Result<(), RuleError> {
-        let rule = parse_rule(text)?;
-        let idx = self.policy.rules.len();
-        self.policy.rules.push(RuleSource {
-            text: text.to_string(),
-            list: RuleList::Inspect,
-            location: location.to_string(),
-        });
-        let set = &mut self.policy.inspect;
-        let entry = HostEntry { ports: rule.ports, rule: idx };
-        match rule.pattern {
-            HostPattern::Exact(name) => set.hosts.add_exact(&name, entry),
-            HostPattern::Suffix(suffix) => set.hosts.add_suffix(&suffix, entry),
-            HostPattern::Net(net) => set.nets.add(NetEntry { net, ports: rule.ports, rule: idx }),
-        }
-        Ok(())
+        self.add(RuleList::Inspect, text, location)
     }
 
     /// Adds one `[[requests]]` rule; the error names the key at fault.
@@ -456,13 +442,15 @@ impl PolicyBuilder {
         self.policy.git.allow_delete = allow;
     }
 
-    /// Parses and adds one host rule (`allow` or `deny`). `location` is `file:line`.
+    /// Parses and adds one host rule (`allow`, `deny` or `inspect`). `location` is
+    /// `file:line`.
     pub fn add(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), RuleError> {
         let rule = parse_rule(text)?;
         let idx = self.policy.rules.len();
         self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
         let set = match list {
             RuleList::Deny => &mut self.policy.deny,
+            RuleList::Inspect => &mut self.policy.inspect,
             _ => &mut self.policy.allow,
         };
         let entry = HostEntry { ports: rule.ports, rule: idx };

@@ -11,7 +11,6 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
 use super::Intercept;
 use super::secrets::{self, Swapped};
@@ -268,20 +267,7 @@ pub async fn handle(
         && let Some(client_upgrade) = client_upgrade
     {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        let slot = conn.slot.clone();
-        let active = crate::metrics::ActiveGuard::tunnel();
-        door.tasks.spawn(async move {
-            let (_slot, _active) = (slot, active);
-            let cancel = hold.registration().token().clone();
-            if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
-                let meter = hold.meter().map(|m| &**m);
-                let out = crate::relay::relay(TokioIo::new(c), TokioIo::new(u), idle, &cancel, meter).await;
-                rec.bytes_up = out.up;
-                rec.bytes_down = out.down;
-                crate::door::record::budget_ended(&mut rec, out.end, meter);
-            }
-            rec.emit();
-        });
+        door::relay_upgraded(door, conn.slot.clone(), hold, rec, client_upgrade, upstream_upgrade);
         let (mut parts, _) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, true);
         return Response::from_parts(parts, respond::empty());
