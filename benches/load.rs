@@ -7,7 +7,9 @@
 //! Measures, per proxy: CONNECT setups per second (connect, CONNECT, one small GET,
 //! close) with p50/p99; absolute-form keep-alive requests per second with p50/p99
 //! (wrk); tunnel throughput (4 streams of 1 GiB); resident memory per idle tunnel
-//! (5,000 idle tunnels); the proxy's CPU per setup, per request and per GiB relayed.
+//! (5,000 idle tunnels); the proxy's CPU per setup, per request and per GiB relayed;
+//! and CPU per setup again with 10 tunnels open and with the idle tunnels open (a
+//! setup's cost must not grow with what is open; `LOAD_IDLE_TUNNELS=9000` for #23).
 //! Every phase is bounded in time.
 //!
 //! The proxies take turns for LOAD_ROUNDS rounds (default 3); the table gives each
@@ -58,6 +60,10 @@ struct Row {
     cpu_per_setup: Option<f64>,
     cpu_per_request: Option<f64>,
     idle_kib: Option<f64>,
+    /// CPU per setup while 10 tunnels, and while the idle tunnels, are open (#23: the
+    /// cost of a setup must not grow with what is open).
+    cpu_per_setup_10: Option<f64>,
+    cpu_per_setup_idle: Option<f64>,
 }
 
 fn main() {
@@ -162,11 +168,30 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
     eprintln!("  throughput: {:.2} GiB/s ({} bytes in {:?}), cpu {:?} s", row.gibps, tp.bytes, tp.elapsed, cpu);
 
     if p.is_proxy() {
-        let idle = client::idle_tunnels(p, o.hold, idle_n).await;
+        // Setups with 10 tunnels open, then with every idle tunnel open.
+        let (_, ten) = client::idle_tunnels(p, o.hold, 10).await;
+        row.cpu_per_setup_10 = setups_cpu(p, o, secs).await;
+        drop(ten);
+        let (idle, open) = client::idle_tunnels(p, o.hold, idle_n).await;
         row.idle_kib = idle;
         eprintln!("  idle tunnels: {idle:?} KiB each");
+        row.cpu_per_setup_idle = setups_cpu(p, o, secs).await;
+        eprintln!(
+            "  CPU per setup with 10 / {} tunnels open: {:?} / {:?} µs",
+            open.len(),
+            row.cpu_per_setup_10,
+            row.cpu_per_setup_idle
+        );
+        drop(open);
     }
     row
+}
+
+/// CPU per CONNECT setup over a setups phase of `secs`.
+async fn setups_cpu(p: &Proxy, o: &origin::Origins, secs: Duration) -> Option<f64> {
+    let before = p.cpu_seconds();
+    let s = client::connect_setups(p, o.http, 32, secs).await;
+    cpu_per_op(p, before, s.count)
 }
 
 /// The proxy's CPU since `before`, in µs per operation; `None` for direct (no proxy
@@ -212,6 +237,8 @@ fn median_row(rows: &[Row]) -> Row {
         cpu_per_setup: o(&|r| r.cpu_per_setup),
         cpu_per_request: o(&|r| r.cpu_per_request),
         idle_kib: o(&|r| r.idle_kib),
+        cpu_per_setup_10: o(&|r| r.cpu_per_setup_10),
+        cpu_per_setup_idle: o(&|r| r.cpu_per_setup_idle),
     }
 }
 
@@ -240,6 +267,8 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         ("tunnel GiB/s (4 streams)", Box::new(|r: &Row| format!("{:.2}", r.gibps))),
         ("proxy CPU s per GiB", Box::new(move |r: &Row| opt(r.cpu_per_gib, 2))),
         ("KiB per idle tunnel", Box::new(move |r: &Row| opt(r.idle_kib, 1))),
+        ("proxy CPU µs per setup, 10 tunnels open", Box::new(move |r: &Row| opt(r.cpu_per_setup_10, 0))),
+        ("proxy CPU µs per setup, idle tunnels open", Box::new(move |r: &Row| opt(r.cpu_per_setup_idle, 0))),
     ];
     for (name, cell) in &lines {
         let cells: Vec<String> = rows.iter().map(|(_, r)| cell(r)).collect();
@@ -318,6 +347,22 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
                 println!("  {what}: {shown} (target at most {target}{unit}): {verdict}");
             }
             None => println!("  {what}: not measured in this run (target at most {target}{unit})"),
+        }
+    }
+    // A setup's cost as tunnels stay open: within each round, against the first phase.
+    for (label, get) in [
+        ("10 tunnels open", (|r: &Row| r.cpu_per_setup_10) as Metric),
+        ("the idle tunnels open", |r: &Row| r.cpu_per_setup_idle),
+    ] {
+        let grown: Vec<f64> =
+            gw.iter().filter_map(|r| Some(get(r)? / r.cpu_per_setup?)).filter(|v| v.is_finite()).collect();
+        match grown.is_empty() {
+            true => println!("  CPU per setup with {label}: not measured in this run (target at most 1.1x)"),
+            false => {
+                let m = median(grown);
+                let verdict = if m <= 1.1 { "met" } else { "missed" };
+                println!("  CPU per setup with {label}: {m:.2}x with none (target at most 1.1x): {verdict}");
+            }
         }
     }
     // What budgets cost: the gateway with them against without, within each round.

@@ -241,7 +241,9 @@ pub async fn throughput(p: &Proxy, source: SocketAddr, streams: usize, each: u64
 
 /// Opens `n` tunnels to the hold origin, 64 at a time, and leaves them idle; returns
 /// the proxy's resident memory growth per tunnel in KiB.
-pub async fn idle_tunnels(p: &Proxy, hold: SocketAddr, n: usize) -> Option<f64> {
+/// Opens `n` idle tunnels to `hold`, measures the proxy's resident memory per tunnel,
+/// and hands the still-open tunnels back (for a phase that runs while they are open).
+pub async fn idle_tunnels(p: &Proxy, hold: SocketAddr, n: usize) -> (Option<f64>, Vec<TcpStream>) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = p.rss_kib();
     let auth = p.auth();
@@ -273,6 +275,5 @@ pub async fn idle_tunnels(p: &Proxy, hold: SocketAddr, n: usize) -> Option<f64> 
     }
     let opened = open_streams.len();
     eprintln!("  idle tunnels: {opened} open, RSS {before} KiB -> {after} KiB, {failures} failures");
-    drop(open_streams);
-    (opened > 0).then(|| after.saturating_sub(before) as f64 / opened as f64)
+    ((opened > 0).then(|| after.saturating_sub(before) as f64 / opened as f64), open_streams)
 }
