@@ -23,13 +23,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "load/origin.rs"]
+#[allow(dead_code, reason = "the load bench's origins: this bench serves only its HTTP answer")]
+mod origin;
+
 use base64::Engine;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nhello, world\n";
 const TOKEN: &str = "bench-token-5c1e2a9d";
 
 fn env_u64(k: &str, d: u64) -> u64 {
@@ -65,37 +68,13 @@ async fn origin(tls: Arc<rustls::ServerConfig>) -> SocketAddr {
             let _ = s.set_nodelay(true);
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                if let Ok(mut t) = acceptor.accept(s).await {
-                    serve_http(&mut t).await;
+                if let Ok(t) = acceptor.accept(s).await {
+                    origin::serve_http(t).await;
                 }
             });
         }
     });
     addr
-}
-
-async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) {
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut filled = 0;
-    loop {
-        let Ok(n) = s.read(&mut buf[filled..]).await else { return };
-        if n == 0 {
-            return;
-        }
-        filled += n;
-        let mut out = Vec::new();
-        while let Some(end) = find(&buf[..filled], b"\r\n\r\n") {
-            out.extend_from_slice(RESPONSE);
-            buf.copy_within(end + 4..filled, 0);
-            filled -= end + 4;
-        }
-        if !out.is_empty() && (s.write_all(&out).await.is_err() || s.flush().await.is_err()) {
-            return;
-        }
-        if filled == buf.len() {
-            return;
-        }
-    }
 }
 
 fn find(h: &[u8], n: &[u8]) -> Option<usize> {

@@ -141,7 +141,8 @@ pub trait Inspector: Send + Sync {
 
 /// Relays an upgraded exchange (`101`, WebSocket) as a tunnel, on a tracked task
 /// that holds the connection's place and the request's hold, and emits its access
-/// record when it ends. Counted from before the `101` is written, so a scrape after it
+/// record when it ends; returns the `101` for the client, without hop-by-hop headers
+/// but the upgrade's. Counted from before the `101` is written, so a scrape after it
 /// sees it.
 pub fn relay_upgraded(
     door: &Door,
@@ -149,8 +150,9 @@ pub fn relay_upgraded(
     hold: Arc<registry::Hold>,
     mut rec: crate::access_log::AccessRecord,
     client: hyper::upgrade::OnUpgrade,
-    upstream: hyper::upgrade::OnUpgrade,
-) {
+    mut resp: http::Response<hyper::body::Incoming>,
+) -> http::Response<ProxyBody> {
+    let upstream = hyper::upgrade::on(&mut resp);
     let idle = door.config.proxy.tunnel_idle_timeout;
     let active = crate::metrics::ActiveGuard::tunnel();
     door.tasks.spawn(async move {
@@ -166,6 +168,9 @@ pub fn relay_upgraded(
         }
         rec.emit();
     });
+    let (mut parts, _) = resp.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers, true);
+    http::Response::from_parts(parts, respond::empty())
 }
 
 /// How a request reached the gateway, which decides where credentials may be and how

@@ -20,7 +20,7 @@ use crate::dial::{self, UpstreamAddr, VettingConnector};
 use crate::door::bodies::{Counting, LoggedBody, charge_head, request_line_len};
 use crate::door::headers::{is_upgrade, strip_hop_by_hop};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
-use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
+use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
 use crate::policy::{DenyReason, Subject};
 use crate::reload::State;
 
@@ -137,7 +137,7 @@ pub async fn handle(
     let Some(sent) = sent else {
         return reject(&mut rec, DenyReason::AuthInvalid, ENDED_HINT);
     };
-    let mut resp = match sent {
+    let resp = match sent {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
             let (reason, detail) = match dial::dial_error(&e) {
@@ -160,11 +160,7 @@ pub async fn handle(
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade
     {
-        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        door::relay_upgraded(door, conn.slot.clone(), hold, rec, client_upgrade, upstream_upgrade);
-        let (mut parts, _) = resp.into_parts();
-        strip_hop_by_hop(&mut parts.headers, true);
-        return Response::from_parts(parts, respond::empty());
+        return door::relay_upgraded(door, conn.slot.clone(), hold, rec, client_upgrade, resp);
     }
 
     let (mut parts, body) = resp.into_parts();

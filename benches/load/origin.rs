@@ -49,8 +49,9 @@ where
 }
 
 /// A minimal HTTP/1.1 server: answers every request head with a 13-byte body, keeps the
-/// connection open, and closes after a request that asked for `Connection: close`.
-async fn serve_http(mut s: TcpStream) {
+/// connection open, and closes after a request that asked for `Connection: close`. Any
+/// stream: the TLS inspection bench serves it behind rustls.
+pub async fn serve_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S) {
     let mut buf = vec![0u8; 16 * 1024];
     let mut filled = 0;
     loop {
@@ -68,7 +69,7 @@ async fn serve_http(mut s: TcpStream) {
             buf.copy_within(end + 4..filled, 0);
             filled -= end + 4;
         }
-        if !out.is_empty() && s.write_all(&out).await.is_err() {
+        if !out.is_empty() && (s.write_all(&out).await.is_err() || s.flush().await.is_err()) {
             return;
         }
         if close || filled == buf.len() {

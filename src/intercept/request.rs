@@ -248,7 +248,7 @@ pub async fn handle(
         .registration()
         .unless_ended(crate::https_client::send(&intercept.client, up, timeout, "the inspected host"))
         .await;
-    let mut resp = match sent {
+    let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, Entry::Absolute),
         None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, Entry::Absolute),
@@ -266,11 +266,7 @@ pub async fn handle(
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade
     {
-        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        door::relay_upgraded(door, conn.slot.clone(), hold, rec, client_upgrade, upstream_upgrade);
-        let (mut parts, _) = resp.into_parts();
-        strip_hop_by_hop(&mut parts.headers, true);
-        return Response::from_parts(parts, respond::empty());
+        return door::relay_upgraded(door, conn.slot.clone(), hold, rec, client_upgrade, resp);
     }
 
     if swapped.any() && redact::is_encoded(resp.headers()) {
