@@ -9,7 +9,8 @@
 //! (wrk); tunnel throughput (4 streams of 1 GiB); resident memory per idle tunnel
 //! (5,000 idle tunnels); the proxy's CPU per setup, per request and per GiB relayed;
 //! and CPU per setup again with 10 tunnels open and with the idle tunnels open (a
-//! setup's cost must not grow with what is open; `LOAD_IDLE_TUNNELS=9000` for #23).
+//! setup's cost must not grow with what is open; `LOAD_IDLE_TUNNELS=9000` for #23);
+//! and the allocator calls per setup, counted with `perf` uprobes (`load/allocs.rs`).
 //! Every phase is bounded in time.
 //!
 //! The proxies take turns for LOAD_ROUNDS rounds (default 3); the table gives each
@@ -20,13 +21,16 @@
 //! LOAD_STREAM_MIB (1024 per stream), LOAD_ONLY (comma list of gateway, gateway-budget
 //! (a budget on the policy, counted locally), gateway-redis (the same counted in a
 //! `redis-server` the bench starts), gateway-b (the binary at LOAD_GATEWAY_B, for an A/B
-//! of two builds in one run), gateway-transparent (setups through the transparent HTTP
+//! of two builds in one run), gateway-signed (an EdDSA signed token instead of the
+//! static one), gateway-transparent (setups through the transparent HTTP
 //! listener instead of CONNECT), squid, tinyproxy, relay, direct),
-//! LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU),
+//! LOAD_ALLOCS (0: do not count allocator calls), LOAD_GATEWAY_THREADS (the gateway's `proxy.threads`, default 0: one per CPU),
 //! LOAD_PROXY_CPUS and LOAD_CLIENT_CPUS (`taskset` CPU lists for the proxies and for
 //! this process, the load generator and origins; unset: no pinning).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, reason = "bench output")]
 
+#[path = "load/allocs.rs"]
+mod allocs;
 #[path = "load/client.rs"]
 mod client;
 #[path = "load/origin.rs"]
@@ -64,6 +68,9 @@ struct Row {
     /// cost of a setup must not grow with what is open).
     cpu_per_setup_10: Option<f64>,
     cpu_per_setup_idle: Option<f64>,
+    /// Allocator calls per CONNECT setup (`allocs.rs`): new blocks, and frees.
+    allocs_per_setup: Option<f64>,
+    frees_per_setup: Option<f64>,
 }
 
 fn main() {
@@ -76,7 +83,7 @@ fn main() {
     let idle_n = env_u64("LOAD_IDLE_TUNNELS", 5000) as usize;
     let stream_bytes = env_u64("LOAD_STREAM_MIB", 1024) << 20;
     let only = std::env::var("LOAD_ONLY").unwrap_or_else(|_| {
-        "gateway,gateway-budget,gateway-redis,gateway-transparent,squid,tinyproxy,relay,direct".into()
+        "gateway,gateway-signed,gateway-budget,gateway-redis,gateway-transparent,squid,tinyproxy,relay,direct".into()
     });
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -86,10 +93,18 @@ fn main() {
     let shm = std::path::Path::new("/dev/shm");
     let work = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
 
+    // Allocator calls per setup need perf uprobes; LOAD_ALLOCS=0 skips them.
+    let probes = match env_u64("LOAD_ALLOCS", 1) {
+        0 => None,
+        _ => allocs::Probes::install(std::process::id())
+            .inspect_err(|e| eprintln!("allocations per setup not counted: {e}"))
+            .ok(),
+    };
     let rounds = env_u64("LOAD_ROUNDS", 3).max(1);
     let names: Vec<&str> = [
         "gateway",
         "gateway-b",
+        "gateway-signed",
         "gateway-budget",
         "gateway-redis",
         "gateway-transparent",
@@ -107,6 +122,7 @@ fn main() {
             let proxy = match *name {
                 "gateway" => Proxy::gateway(work.path(), &origins),
                 "gateway-b" => Proxy::gateway_b(work.path(), &origins),
+                "gateway-signed" => Proxy::gateway_signed(work.path(), &origins),
                 "gateway-transparent" => Proxy::gateway_transparent(work.path(), &origins),
                 "gateway-budget" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Local),
                 "gateway-redis" => Proxy::gateway_with(work.path(), &origins, peers::Budgets::Redis),
@@ -116,7 +132,7 @@ fn main() {
                 _ => Proxy::direct(),
             };
             eprintln!("== {name} (round {round} of {rounds})");
-            rows.push(rt.block_on(measure(&proxy, &origins, secs, idle_n, stream_bytes)));
+            rows.push(rt.block_on(measure(&proxy, &origins, secs, idle_n, stream_bytes, probes.as_ref())));
             drop(proxy);
             // Let TIME_WAIT sockets and the previous proxy's exit settle.
             std::thread::sleep(Duration::from_secs(2));
@@ -126,7 +142,14 @@ fn main() {
     print_table(&runs, idle_n, stream_bytes);
 }
 
-async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, stream_bytes: u64) -> Row {
+async fn measure(
+    p: &Proxy,
+    o: &origin::Origins,
+    secs: Duration,
+    idle_n: usize,
+    stream_bytes: u64,
+    probes: Option<&allocs::Probes>,
+) -> Row {
     let mut row = Row::default();
     let cpu_before = p.cpu_seconds();
     let setups = client::connect_setups(p, o.http, 32, secs).await;
@@ -143,6 +166,9 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
         setups.errors,
         row.cpu_per_setup
     );
+    if let Some(probes) = probes.filter(|_| p.is_proxy()) {
+        (row.allocs_per_setup, row.frees_per_setup) = count_allocations(p, o, probes, secs).await;
+    }
 
     // The transparent listener in the bench reaches one origin port only: setups.
     if p.transparent {
@@ -185,6 +211,42 @@ async fn measure(p: &Proxy, o: &origin::Origins, secs: Duration, idle_n: usize, 
         drop(open);
     }
     row
+}
+
+/// Allocator calls per CONNECT setup over a setups phase of its own (at most 2 s: the
+/// probes slow every call): new blocks and frees, or `None` with the reason printed.
+async fn count_allocations(
+    p: &Proxy,
+    o: &origin::Origins,
+    probes: &allocs::Probes,
+    secs: Duration,
+) -> (Option<f64>, Option<f64>) {
+    let counting = match probes.start(&p.pids()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("  allocations not counted: {e}");
+            return (None, None);
+        }
+    };
+    let s = client::connect_setups(p, o.http, 32, secs.min(Duration::from_secs(2))).await;
+    match counting.finish() {
+        Ok(c) if s.count > 0 => {
+            let per = |n: u64| n as f64 / s.count as f64;
+            eprintln!(
+                "  allocator calls per setup ({} setups): {:.1} new blocks, {:.1} realloc, {:.1} free",
+                s.count,
+                per(c.allocations),
+                per(c.reallocs),
+                per(c.frees)
+            );
+            (Some(per(c.allocations)), Some(per(c.frees)))
+        }
+        Ok(_) => (None, None),
+        Err(e) => {
+            eprintln!("  allocations not counted: {e}");
+            (None, None)
+        }
+    }
 }
 
 /// CPU per CONNECT setup over a setups phase of `secs`.
@@ -239,6 +301,8 @@ fn median_row(rows: &[Row]) -> Row {
         idle_kib: o(&|r| r.idle_kib),
         cpu_per_setup_10: o(&|r| r.cpu_per_setup_10),
         cpu_per_setup_idle: o(&|r| r.cpu_per_setup_idle),
+        allocs_per_setup: o(&|r| r.allocs_per_setup),
+        frees_per_setup: o(&|r| r.frees_per_setup),
     }
 }
 
@@ -260,6 +324,8 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         ("CONNECT p50 ms", Box::new(move |r: &Row| ms(r.setup_p50))),
         ("CONNECT p99 ms", Box::new(move |r: &Row| ms(r.setup_p99))),
         ("proxy CPU µs per setup", Box::new(move |r: &Row| opt(r.cpu_per_setup, 0))),
+        ("allocations per setup", Box::new(move |r: &Row| opt(r.allocs_per_setup, 1))),
+        ("frees per setup", Box::new(move |r: &Row| opt(r.frees_per_setup, 1))),
         ("keep-alive req/s", Box::new(move |r: &Row| keep_alive(r, format!("{:.0}", r.rps)))),
         ("keep-alive p50 ms", Box::new(move |r: &Row| keep_alive(r, ms(r.rps_p50)))),
         ("keep-alive p99 ms", Box::new(move |r: &Row| keep_alive(r, ms(r.rps_p99)))),
@@ -325,22 +391,25 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
         (!r.is_empty()).then(|| median(r))
     };
     let peer = |name: &str| runs.iter().find(|(n, _)| *n == name).map(|(_, r)| r.as_slice());
-    let targets: [(&str, Metric, &str, f64); 5] = [
+    let targets: [(&str, Metric, &str, f64); 6] = [
         ("CPU per CONNECT setup", |r| r.cpu_per_setup, "relay", 1.05),
         ("CPU per CONNECT setup", |r| r.cpu_per_setup, "squid", 0.5),
         ("CPU per keep-alive request", |r| r.cpu_per_request, "squid", 0.3),
         ("CPU per GiB relayed", |r| r.cpu_per_gib, "relay", 1.05),
-        ("KiB per idle tunnel", |r| r.idle_kib, "", 4.0),
+        ("KiB per idle tunnel", |r| r.idle_kib, " KiB", 4.0),
+        ("allocations per CONNECT setup", |r| r.allocs_per_setup, "", 8.0),
     ];
     println!();
     println!("targets (#23):");
     for (what, get, against, target) in targets {
-        let got = if against.is_empty() {
-            median_row(gw).idle_kib.map(|k| (k, format!("{k:.1} KiB")))
+        // An `against` that is a unit (leading space or empty) is an absolute figure.
+        let absolute = against.is_empty() || against.starts_with(' ');
+        let got = if absolute {
+            get(&median_row(gw)).map(|v| (v, format!("{v:.1}{against}")))
         } else {
             peer(against).and_then(|p| ratio(get, gw, p)).map(|r| (r, format!("{r:.2}x {against}")))
         };
-        let unit = if against.is_empty() { " KiB".to_string() } else { format!("x {against}") };
+        let unit = if absolute { against.to_string() } else { format!("x {against}") };
         match got {
             Some((v, shown)) => {
                 let verdict = if v <= target { "met" } else { "missed" };
@@ -365,7 +434,8 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
             }
         }
     }
-    // What budgets cost: the gateway with them against without, within each round.
+    // What each variant (budgets, signed tokens, transparent) costs against the plain
+    // gateway, within each round.
     let costs: [(&str, Metric); 4] = [
         ("CPU/setup", |r| r.cpu_per_setup),
         ("CPU/request", |r| r.cpu_per_request),

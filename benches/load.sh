@@ -9,10 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for t in squid tinyproxy wrk openssl redis-server; do command -v "$t" >/dev/null || missing+=("$t"); done
+for t in squid tinyproxy wrk openssl redis-server perf; do command -v "$t" >/dev/null || missing+=("$t"); done
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid tinyproxy wrk openssl redis-server >/dev/null
+  # perf counts allocator calls per setup (uprobes); the bench says so when it cannot.
+  command -v perf >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null || true
 fi
 # Squid and tinyproxy are started by the bench itself; stop any packaged instances.
 pkill -x squid 2>/dev/null || true

@@ -15,7 +15,8 @@ pub use crate::telemetry::{ACCESS_TARGET as TARGET, Kind};
 #[derive(Debug, Clone)]
 pub struct AccessRecord {
     pub kind: Kind,
-    pub method: String,
+    /// A standard method is a static string: no allocation per request.
+    pub method: std::borrow::Cow<'static, str>,
     /// Normalised target, or the raw request target (truncated) when it did not parse.
     pub target: String,
     pub client_addr: SocketAddr,
@@ -35,6 +36,15 @@ pub struct AccessRecord {
     pub shadow_decision: Option<Outcome>,
     /// The budget or limit that refused the request, or ended its tunnel.
     pub budget: Option<String>,
+}
+
+/// `method` as a static string when it is a standard one (as it nearly always is).
+fn static_method(method: &str) -> std::borrow::Cow<'static, str> {
+    const STANDARD: [&str; 10] = ["GET", "POST", "CONNECT", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "TRACE", ""];
+    match STANDARD.iter().find(|m| **m == method) {
+        Some(m) => std::borrow::Cow::Borrowed(m),
+        None => std::borrow::Cow::Owned(method.to_string()),
+    }
 }
 
 /// `None` for an empty string: an unparsed request has no method or target to log.
@@ -110,7 +120,7 @@ impl AccessRecord {
     ) -> Self {
         AccessRecord {
             kind,
-            method: method.to_string(),
+            method: static_method(method),
             target,
             client_addr,
             started: Instant::now(),

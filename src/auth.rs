@@ -19,24 +19,36 @@ use crate::tokens::{self, TokenError, Verifier};
 /// Longest `Authorization` value accepted; real ones are far shorter.
 const MAX_HEADER_LEN: usize = 4096;
 
+/// A presented `user:secret` pair, kept as one string (one allocation per request).
 pub struct Credentials {
-    pub user: String,
-    secret: String,
+    pair: String,
+    /// Where the separating `:` is.
+    colon: usize,
 }
 
 impl Credentials {
     pub fn new(user: &str, secret: &str) -> Self {
-        Credentials { user: user.to_string(), secret: secret.to_string() }
+        Credentials { pair: format!("{user}:{secret}"), colon: user.len() }
+    }
+
+    /// `user:secret` already joined (a decoded `Basic` value), split at its first `:`.
+    fn joined(pair: String) -> Option<Self> {
+        let colon = pair.find(':')?;
+        Some(Credentials { pair, colon })
+    }
+
+    pub fn user(&self) -> &str {
+        &self.pair[..self.colon]
     }
 
     pub fn secret(&self) -> &str {
-        &self.secret
+        &self.pair[self.colon + 1..]
     }
 }
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials").field("user", &self.user).field("secret", &"<redacted>").finish()
+        f.debug_struct("Credentials").field("user", &self.user()).field("secret", &"<redacted>").finish()
     }
 }
 
@@ -87,11 +99,11 @@ pub fn parse_basic(value: &[u8]) -> Result<Credentials, AuthError> {
     }
     let decoded = base64::engine::general_purpose::STANDARD.decode(payload.trim()).map_err(|_| AuthError::Malformed)?;
     let decoded = String::from_utf8(decoded).map_err(|_| AuthError::Malformed)?;
-    let (user, secret) = decoded.split_once(':').ok_or(AuthError::Malformed)?;
-    if user.is_empty() || secret.is_empty() {
+    let creds = Credentials::joined(decoded).ok_or(AuthError::Malformed)?;
+    if creds.user().is_empty() || creds.secret().is_empty() {
         return Err(AuthError::Malformed);
     }
-    Ok(Credentials::new(user, secret))
+    Ok(creds)
 }
 
 /// SHA-256 of a token, as listed in policy files (`token_sha256`).
@@ -144,7 +156,7 @@ pub fn authenticate(
     now: u64,
 ) -> Result<Identity, AuthError> {
     if verifier.has_keys() && tokens::looks_signed(creds.secret()) {
-        let (kid, claims) = verifier.verify_keyed(creds.secret(), &creds.user, now).map_err(AuthError::Token)?;
+        let (kid, claims) = verifier.verify_keyed(creds.secret(), creds.user(), now).map_err(AuthError::Token)?;
         let policy = set
             .policies
             .get(&claims.pol)
@@ -161,7 +173,7 @@ pub fn authenticate(
         return Ok(Identity { sandbox: claims.sub, policy, repos: claims.repos, vpce, credential });
     }
     let presented = token_sha256(creds.secret());
-    match set.sandbox(&creds.user) {
+    match set.sandbox(creds.user()) {
         Some(sbx) if bool::from(presented.ct_eq(&sbx.token_sha256)) => {
             if verifier.is_revoked(&sbx.id) {
                 return Err(AuthError::Token(TokenError::Revoked));
@@ -207,7 +219,7 @@ mod tests {
     #[test]
     fn parses_basic() {
         let c = parse_basic(b64("sbx-1:tok:with:colons").as_bytes()).unwrap();
-        assert_eq!(c.user, "sbx-1");
+        assert_eq!(c.user(), "sbx-1");
         assert_eq!(c.secret(), "tok:with:colons");
         assert!(!format!("{c:?}").contains("tok"));
         for bad in ["Bearer abc", "Basic !!!", "Basic", &b64("nocolon"), &b64(":x"), &b64("x:")] {

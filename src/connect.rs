@@ -1,6 +1,8 @@
 //! CONNECT: validate, identify, decide, resolve and vet, connect upstream, and only then
 //! answer `200` and relay bytes.
 
+pub mod head;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +25,35 @@ fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<Pr
     door::refuse(rec, Refusal::new(reason, hint), Entry::Absolute)
 }
 
+/// What happens next to an authorized CONNECT, once its `200` is answered.
+enum Next {
+    /// Relayed to the upstream already dialled.
+    Tunnel { hold: Arc<door::registry::Hold>, upstream: TcpStream },
+    /// Handed to the inspector: no upstream is dialled for the tunnel itself, each
+    /// request inside is decided and sent on its own. Boxed: a tunnel's task holds
+    /// this value for its life, and the tunnel variant is the common one.
+    Inspect(Box<Inspection>),
+}
+
+struct Inspection {
+    hold: Arc<door::registry::Hold>,
+    inner: ConnInfo,
+    target: addr::Target,
+    inspector: Arc<dyn door::Inspector>,
+}
+
+/// The client side of a tunnel: hyper's upgrade, or the socket itself when the head
+/// was read by the fast path ([`head`]), which answers `200` itself.
+enum Client {
+    Upgrade(hyper::upgrade::OnUpgrade),
+    Tcp(TcpStream),
+}
+
+/// The record every CONNECT starts with.
+fn record(conn: &ConnInfo, state: &State) -> AccessRecord {
+    AccessRecord::with_vpce(Kind::Connect, "CONNECT", String::new(), conn.peer, state.generation, conn.vpce.clone())
+}
+
 pub async fn handle(
     req: Request<Incoming>,
     conn: &ConnInfo,
@@ -30,14 +61,7 @@ pub async fn handle(
     state: Arc<State>,
     inspector: Option<Arc<dyn door::Inspector>>,
 ) -> Response<ProxyBody> {
-    let mut rec = AccessRecord::with_vpce(
-        Kind::Connect,
-        "CONNECT",
-        String::new(),
-        conn.peer,
-        state.generation,
-        conn.vpce.clone(),
-    );
+    let mut rec = record(conn, &state);
     // Only a refused request that never parsed needs its raw target recorded.
     let uri = req.uri();
     let refuse = |rec: &mut AccessRecord, hint: &str| {
@@ -54,96 +78,166 @@ pub async fn handle(
         (None, None, Some(a)) => a.as_str(),
         _ => return refuse(&mut rec, "CONNECT target must be host:port"),
     };
+    let next = match admit(&mut rec, authority, Presented::proxy(req.headers()), conn, door, &state, inspector).await {
+        Ok(next) => next,
+        Err(resp) => return resp,
+    };
+    start(next, Client::Upgrade(hyper::upgrade::on(req)), rec, conn, door);
+    let mut resp = Response::new(respond::empty());
+    *resp.status_mut() = StatusCode::OK;
+    resp
+}
+
+/// A connection's first request, read by the fast path: answered here, on the socket.
+/// Returns the socket when the connection goes on (a refusal the client may follow
+/// with another request, which hyper then serves); `None` once it is a tunnel or
+/// closed.
+pub async fn handle_first(
+    head: &head::ConnectHead<'_>,
+    mut stream: TcpStream,
+    conn: &ConnInfo,
+    door: &Door,
+    state: Arc<State>,
+    inspector: Option<Arc<dyn door::Inspector>>,
+) -> Option<TcpStream> {
+    use tokio::io::AsyncReadExt;
+    // Consume the head (peeked so far); bytes behind it stay in the socket.
+    let mut skip = head.len;
+    let mut scratch = [0u8; 512];
+    while skip > 0 {
+        let n = match stream.read(&mut scratch[..skip.min(512)]).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => n,
+        };
+        skip -= n;
+    }
+    let mut rec = record(conn, &state);
+    let presented = Presented::proxy_value(head.proxy_authorization);
+    match admit(&mut rec, head.target, presented, conn, door, &state, inspector).await {
+        Ok(next) => {
+            start(next, Client::Tcp(stream), rec, conn, door);
+            None
+        }
+        Err(resp) => {
+            let bytes = respond::serialize(resp).await;
+            let sent = tokio::time::timeout(Duration::from_secs(10), stream.write_all(&bytes)).await;
+            match sent {
+                Ok(Ok(())) if !head.close => Some(stream),
+                _ => {
+                    let _ = stream.shutdown().await;
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Decides a CONNECT to `authority` and dials it (unless it is to be inspected): what
+/// happens next, or the refusal to answer.
+async fn admit(
+    rec: &mut AccessRecord,
+    authority: &str,
+    presented: Presented<'_>,
+    conn: &ConnInfo,
+    door: &Door,
+    state: &State,
+    inspector: Option<Arc<dyn door::Inspector>>,
+) -> Result<Next, Response<ProxyBody>> {
     let target = match addr::parse_authority(authority, None) {
         Ok(t) => t,
-        Err(e) => return refuse(&mut rec, &format!("invalid CONNECT target: {e}")),
+        Err(e) => {
+            rec.target = raw_target(authority);
+            return Err(reject(rec, DenyReason::BadRequest, &format!("invalid CONNECT target: {e}")));
+        }
     };
     rec.target = target.to_string();
 
     // Registered before the dial: a reload while the gateway resolves and connects
     // (which the client can stretch) ends this tunnel like any open one.
-    let presented = Presented::proxy(req.headers());
-    let authorized = match door::authorize(door, &state, &mut rec, conn, presented, Subject::Host(target.clone())) {
+    let authorized = match door::authorize(door, state, rec, conn, presented, Subject::Host(target.clone())) {
         Ok(a) => a,
-        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+        Err(refusal) => return Err(door::refuse(rec, refusal, Entry::Absolute)),
     };
     if let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target)) {
-        return inspect(req, conn, door, rec, authorized, target, inspector);
+        rec.status = 200;
+        let inner = ConnInfo { identity: Some(authorized.identity), pending: None, ..conn.clone() };
+        return Ok(Next::Inspect(Box::new(Inspection { hold: authorized.hold, inner, target, inspector })));
     }
     if let Some(refusal) = authorized.opaque_refusal("intercept.never (or no [intercept]) keeps it a tunnel") {
-        return door::refuse(&mut rec, refusal, Entry::Absolute);
+        return Err(door::refuse(rec, refusal, Entry::Absolute));
     }
     let hold = authorized.hold;
     let (upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {
         Some(Ok(ok)) => ok,
         Some(Err(e)) => {
             let reason = e.reason();
-            return reject(&mut rec, reason, &e.to_string());
+            return Err(reject(rec, reason, &e.to_string()));
         }
-        None => return reject(&mut rec, DenyReason::AuthInvalid, ENDED_HINT),
+        None => return Err(reject(rec, DenyReason::AuthInvalid, ENDED_HINT)),
     };
     rec.upstream_addr = Some(upstream_addr);
     rec.status = 200;
-
-    let on_upgrade = hyper::upgrade::on(req);
-    let idle = door.config.proxy.tunnel_idle_timeout;
-    // Counted and registered from before the `200` is written, so a scrape or a reload
-    // right after it sees the tunnel.
-    let slot = conn.slot.clone();
-    let active = crate::metrics::ActiveGuard::tunnel();
-    door.tasks.spawn(async move {
-        let (_slot, _active) = (slot, active);
-        let cancel = hold.registration().token().clone();
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                let meter = hold.meter().map(|m| &**m);
-                let out = relay(upgraded, upstream, idle, &cancel, meter).await;
-                rec.bytes_up = out.up;
-                rec.bytes_down = out.down;
-                door::record::budget_ended(&mut rec, out.end, meter);
-            }
-            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
-        }
-        rec.emit();
-    });
-    let mut resp = Response::new(respond::empty());
-    *resp.status_mut() = StatusCode::OK;
-    resp
+    Ok(Next::Tunnel { hold, upstream })
 }
 
-/// Answers `200` and hands the connection to the inspector: no upstream is dialled
-/// for the tunnel itself, each request inside is decided and sent on its own.
-fn inspect(
-    req: Request<Incoming>,
-    conn: &ConnInfo,
-    door: &Door,
-    mut rec: AccessRecord,
-    authorized: door::Authorized,
-    target: addr::Target,
-    inspector: Arc<dyn door::Inspector>,
-) -> Response<ProxyBody> {
-    rec.status = 200;
-    let on_upgrade = hyper::upgrade::on(req);
+/// The answer of an authorized CONNECT on the fast path.
+const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
+
+/// Runs the tunnel (or the inspection) in a task of its own. Counted and registered
+/// from before the `200` is written, so a scrape or a reload right after it sees it.
+fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, door: &Door) {
     let slot = conn.slot.clone();
     let active = crate::metrics::ActiveGuard::tunnel();
-    let hold = authorized.hold;
-    let inner = ConnInfo { identity: Some(authorized.identity), pending: None, ..conn.clone() };
+    let idle = door.config.proxy.tunnel_idle_timeout;
     door.tasks.spawn(async move {
         let (_slot, _active) = (slot, active);
-        match on_upgrade.await {
-            Ok(upgraded) => {
+        match next {
+            Next::Tunnel { hold, upstream } => {
                 let cancel = hold.registration().token().clone();
-                let io: Box<dyn door::Io> = Box::new(TokioIo::new(upgraded));
-                inspector.serve(io, door::Inspected { target, conn: inner, cancel }).await;
+                let meter = hold.meter().map(|m| &**m);
+                let out = match client {
+                    Client::Upgrade(on_upgrade) => match on_upgrade.await {
+                        Ok(upgraded) => Some(relay(upgraded, upstream, idle, &cancel, meter).await),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "CONNECT upgrade failed");
+                            None
+                        }
+                    },
+                    Client::Tcp(mut stream) => match stream.write_all(ESTABLISHED).await {
+                        Ok(()) => Some(relay::relay_tcp(stream, upstream, 0, idle, &cancel, meter).await),
+                        Err(_) => Some(relay::Outcome { up: 0, down: 0, end: relay::End::Error }),
+                    },
+                };
+                if let Some(out) = out {
+                    rec.bytes_up = out.up;
+                    rec.bytes_down = out.down;
+                    door::record::budget_ended(&mut rec, out.end, meter);
+                }
             }
-            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
+            Next::Inspect(inspection) => {
+                let Inspection { hold, inner, target, inspector } = *inspection;
+                let io: Option<Box<dyn door::Io>> = match client {
+                    Client::Upgrade(on_upgrade) => match on_upgrade.await {
+                        Ok(upgraded) => Some(Box::new(TokioIo::new(upgraded))),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "CONNECT upgrade failed");
+                            None
+                        }
+                    },
+                    Client::Tcp(mut stream) => match stream.write_all(ESTABLISHED).await {
+                        Ok(()) => Some(Box::new(stream)),
+                        Err(_) => None,
+                    },
+                };
+                if let Some(io) = io {
+                    let cancel = hold.registration().token().clone();
+                    inspector.serve(io, door::Inspected { target, conn: inner, cancel }).await;
+                }
+                drop(hold);
+            }
         }
         rec.emit();
-        drop(hold);
     });
-    let mut resp = Response::new(respond::empty());
-    *resp.status_mut() = StatusCode::OK;
-    resp
 }
 
 /// A plain-TCP client leg is taken back from hyper (dropping its buffers) and relayed

@@ -74,10 +74,12 @@ pub fn host_match(data: &[u8]) {
 pub fn basic_auth(data: &[u8]) {
     use base64::Engine;
     if let Ok(c) = crate::auth::parse_basic(data) {
-        let enc =
-            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.user, c.secret())));
+        let enc = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.user(), c.secret()))
+        );
         match crate::auth::parse_basic(enc.as_bytes()) {
-            Ok(again) => assert!(again.user == c.user && again.secret() == c.secret()),
+            Ok(again) => assert!(again.user() == c.user() && again.secret() == c.secret()),
             Err(e) => unreachable_failure(&format!("re-encoded credentials failed: {e}")),
         }
     }

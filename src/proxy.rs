@@ -76,6 +76,32 @@ pub async fn reload_off_thread(shared: &Arc<Shared>) -> Result<u64, crate::confi
     }
 }
 
+/// What CONNECT hands an inspected tunnel to, when `[intercept]` is configured.
+fn inspector(shared: &Arc<Shared>) -> Option<Arc<dyn door::Inspector>> {
+    shared.intercept.as_ref().map(|_| Arc::new(inspect::Dispatch(shared.clone())) as Arc<dyn door::Inspector>)
+}
+
+/// A plain-TCP connection's first request, when it is a plain CONNECT, served without
+/// hyper (`connect::head`): the head is peeked, and anything else is left in the socket.
+/// Returns the socket when hyper is to serve the connection (the first request is
+/// something else, or the client may go on after a refusal); `None` when it is a
+/// tunnel now, or closed.
+pub async fn first_request(
+    stream: tokio::net::TcpStream,
+    conn: &ConnInfo,
+    shared: &Arc<Shared>,
+) -> Option<tokio::net::TcpStream> {
+    use crate::connect::head;
+    let cfg = &shared.config.proxy;
+    let mut buf = [0u8; head::PEEK];
+    let n = head::peek(&stream, &mut buf, cfg.header_read_timeout).await?;
+    let Some(head) = head::parse(&buf[..n], cfg.max_header_bytes, cfg.max_headers) else {
+        return Some(stream);
+    };
+    let state = shared.store.snapshot();
+    crate::connect::handle_first(&head, stream, conn, &shared.door, state, inspector(shared)).await
+}
+
 /// Entry point for every request on the proxy port: chooses the handler.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared>) -> Response<ProxyBody> {
     let door = &shared.door;
@@ -84,9 +110,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
     let absolute_host =
         |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
     if req.method() == Method::CONNECT {
-        let inspector: Option<Arc<dyn door::Inspector>> =
-            shared.intercept.as_ref().map(|_| Arc::new(inspect::Dispatch(shared.clone())) as Arc<dyn door::Inspector>);
-        crate::connect::handle(req, conn, door, state, inspector).await
+        crate::connect::handle(req, conn, door, state, inspector(shared)).await
     } else if absolute_host(&|h| h.eq_ignore_ascii_case(gh_host)) {
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Absolute).await
     } else if absolute_host(&|h| crate::routes::is_route_host(&door.config.routes, h)) {

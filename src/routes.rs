@@ -100,7 +100,7 @@ pub async fn handle(
 
     // An origin-form path names one route; several routes may share a host, and the
     // route is then the first the sandbox's policy lists: identify first.
-    let presented = Presented { headers: req.headers(), entry, api_key: Some((&first.header, first.prefix.as_str())) };
+    let presented = Presented::of(req.headers(), entry, Some((&first.header, first.prefix.as_str())));
     let identity = match door::identified(door, &state, conn, presented) {
         Ok(i) => i,
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),

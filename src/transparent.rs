@@ -108,7 +108,7 @@ pub async fn serve(
         Listener::Http => {
             match host::read(&mut stream, proxy.header_read_timeout, proxy.max_header_bytes, proxy.max_headers).await {
                 Ok((method, host, bytes)) => {
-                    rec.method = method;
+                    rec.method = method.into();
                     // The port is the one the client dialled; a port in `Host` is its claim.
                     let name = match addr::parse_authority(&host, Some(port)) {
                         Ok(t) => t.host.to_string(),

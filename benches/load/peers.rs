@@ -219,6 +219,14 @@ impl Proxy {
         Proxy::gateway_built(work, o, budgets, None)
     }
 
+    /// The gateway with an EdDSA signed token as the sandbox's credential instead of
+    /// the static one (#23: report signed tokens too).
+    pub fn gateway_signed(work: &Path, o: &super::origin::Origins) -> Proxy {
+        let mut p = Proxy::gateway_token(work, o, Budgets::Off, None, Some("eddsa"));
+        p.name = "gateway-signed";
+        p
+    }
+
     /// The gateway's transparent HTTP listener (`transparent.sandbox` the bench
     /// sandbox, `http_port` the origin's): what a program that ignores `HTTP_PROXY`
     /// costs, against CONNECT.
@@ -238,7 +246,17 @@ impl Proxy {
         proxy
     }
 
-    fn gateway_built(work: &Path, _o: &super::origin::Origins, budgets: Budgets, bin: Option<&str>) -> Proxy {
+    fn gateway_built(work: &Path, o: &super::origin::Origins, budgets: Budgets, bin: Option<&str>) -> Proxy {
+        Proxy::gateway_token(work, o, budgets, bin, env_var("LOAD_GATEWAY_TOKEN").as_deref())
+    }
+
+    fn gateway_token(
+        work: &Path,
+        _o: &super::origin::Origins,
+        budgets: Budgets,
+        bin: Option<&str>,
+        signed: Option<&str>,
+    ) -> Proxy {
         let d = dir(work, "gateway");
         // Budgets large enough never to refuse: what is measured is their counting.
         let budget = match budgets {
@@ -254,8 +272,7 @@ impl Proxy {
             }
             _ => (None, String::new()),
         };
-        let signed = env_var("LOAD_GATEWAY_TOKEN");
-        let tokens = signed.as_deref().map(|alg| signed_token_section(&d, alg)).unwrap_or_default();
+        let tokens = signed.map(|alg| signed_token_section(&d, alg)).unwrap_or_default();
         let port = gateway_files(&d, "127.0.0.1:*", budget, &format!("{limits}{tokens}"));
         let mut cmd = proxy_command(bin.unwrap_or(env!("CARGO_BIN_EXE_egress-gateway")));
         cmd.args(["serve", "--config"]).arg(d.join("gateway.toml"));
@@ -383,7 +400,8 @@ DisableViaHeader Yes
         format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{}", self.secret)))
     }
 
-    fn pids(&self) -> Vec<u32> {
+    /// The proxy's process and its descendants (none for direct).
+    pub fn pids(&self) -> Vec<u32> {
         let Some(child) = &self.child else { return Vec::new() };
         process_tree(child.id())
     }

@@ -70,7 +70,9 @@ impl Pending {
             if !self.admission.take_sandbox_slot(sandbox) {
                 return false;
             }
-            *counted = Some(sandbox.to_string());
+            // Without a cap there is no slot to give back: nothing to name (or allocate).
+            let name = if self.admission.max_per_sandbox == 0 { String::new() } else { sandbox.to_string() };
+            *counted = Some(name);
         }
         drop(counted);
         self.authenticated();
@@ -111,7 +113,11 @@ impl Admission {
             return true;
         }
         let mut s = self.sandboxes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = s.entry(sandbox.to_string()).or_insert(0);
+        // A sandbox already counted needs no new key.
+        let n = match s.get_mut(sandbox) {
+            Some(n) => n,
+            None => s.entry(sandbox.to_string()).or_insert(0),
+        };
         if *n >= self.max_per_sandbox {
             return false;
         }

@@ -120,7 +120,9 @@ pub fn authorize_as(
     }
     // Budgets count what is dialled: a refusal above spends nothing. Hosts by name: an
     // IP literal as written, a peer as `ID.SUFFIX` (what per-host overrides match).
+    // Only a policy with a budget counts hosts: no string is made for one without.
     let host = match &subject {
+        _ if identity.policy.budget().is_none() => None,
         Subject::Host(t) | Subject::Request { target: t, .. } if t.host.as_name().is_none() => Some(t.host.to_string()),
         Subject::Peer { sandbox, .. } => Some(format!("{sandbox}.{}", state.policies.peer_suffix)),
         _ => None,

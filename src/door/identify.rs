@@ -13,7 +13,10 @@ pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the pro
 /// Where a request's credentials may be.
 #[derive(Debug, Clone, Copy)]
 pub struct Presented<'a> {
-    pub headers: &'a HeaderMap,
+    /// The request's headers; `None` when only its `Proxy-Authorization` was parsed
+    /// (a CONNECT head read by the fast path), which is then `proxy_authorization`.
+    pub headers: Option<&'a HeaderMap>,
+    pub proxy_authorization: Option<&'a [u8]>,
     pub entry: Entry,
     /// An API route's key header and its value prefix: on the origin-form entry an SDK
     /// sends `ID:TOKEN` there as its API key.
@@ -23,20 +26,33 @@ pub struct Presented<'a> {
 impl<'a> Presented<'a> {
     /// Credentials in `Proxy-Authorization` only: CONNECT and absolute-form requests.
     pub fn proxy(headers: &'a HeaderMap) -> Self {
-        Presented { headers, entry: Entry::Absolute, api_key: None }
+        Presented { headers: Some(headers), proxy_authorization: None, entry: Entry::Absolute, api_key: None }
+    }
+
+    /// Like [`Presented::proxy`], from the first `Proxy-Authorization` value alone.
+    pub fn proxy_value(value: Option<&'a [u8]>) -> Self {
+        Presented { headers: None, proxy_authorization: value, entry: Entry::Absolute, api_key: None }
+    }
+
+    /// Any request's credentials, wherever `entry` lets them be.
+    pub fn of(headers: &'a HeaderMap, entry: Entry, api_key: Option<(&'a HeaderName, &'a str)>) -> Self {
+        Presented { headers: Some(headers), proxy_authorization: None, entry, api_key }
     }
 
     /// The credentials, from the first place that has any: `Proxy-Authorization`;
     /// on the origin-form entry, `Authorization` (`Basic`, or `Bearer ID:TOKEN`), then
     /// the API key header.
     fn credentials(&self) -> Result<Credentials, AuthError> {
-        let h = self.headers;
-        if let Some(v) = h.get(header::PROXY_AUTHORIZATION) {
-            return auth::parse_basic(v.as_bytes());
+        let proxy = match self.headers {
+            Some(h) => h.get(header::PROXY_AUTHORIZATION).map(|v| v.as_bytes()),
+            None => self.proxy_authorization,
+        };
+        if let Some(v) = proxy {
+            return auth::parse_basic(v);
         }
-        if self.entry == Entry::Absolute {
+        let Some(h) = self.headers.filter(|_| self.entry != Entry::Absolute) else {
             return Err(AuthError::Missing);
-        }
+        };
         let authorization = h.get(header::AUTHORIZATION).map(|v| v.to_str().map_err(|_| AuthError::Malformed));
         match authorization {
             Some(Ok(v)) if scheme(v, "basic").is_some() => return auth::parse_basic(v.as_bytes()),

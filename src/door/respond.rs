@@ -134,6 +134,34 @@ pub fn empty() -> ProxyBody {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
+/// A local response (a refusal) as the HTTP/1.1 bytes hyper would write: status line
+/// with its reason phrase, the headers, `content-length`, `date` and the body. For an
+/// answer written on the socket directly (the CONNECT fast path).
+pub async fn serialize(resp: Response<ProxyBody>) -> Vec<u8> {
+    use std::io::Write;
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let phrase = parts.extensions.get::<hyper::ext::ReasonPhrase>();
+    let phrase = phrase.map_or(parts.status.canonical_reason().unwrap_or("").as_bytes(), |p| p.as_bytes());
+    let mut out = Vec::with_capacity(512 + body.len());
+    let _ = write!(out, "HTTP/1.1 {} ", parts.status.as_str());
+    out.extend_from_slice(phrase);
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        if name == http::header::CONTENT_LENGTH || name == http::header::DATE {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+    let _ = write!(out, "content-length: {}\r\ndate: {date}\r\n\r\n", body.len());
+    out.extend_from_slice(&body);
+    out
+}
+
 /// The bytes written to a connection refused for the global connection limit, before
 /// any of its request is read.
 pub fn over_capacity_bytes() -> Vec<u8> {
@@ -183,5 +211,25 @@ mod tests {
             assert_eq!(v["reason"], r.code());
         }
         assert_eq!(deny(DenyReason::AuthRequired, &Denial::default()).headers()[PROXY_AUTHENTICATE], REALM);
+    }
+
+    #[tokio::test]
+    async fn a_serialized_refusal_is_what_hyper_would_write() {
+        let resp = deny(DenyReason::HostNotAllowed, &Denial { hint: Some("add it".into()), ..Denial::default() });
+        let bytes = serialize(resp).await;
+        let text = String::from_utf8(bytes).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.lines();
+        assert_eq!(
+            lines.next(),
+            Some("HTTP/1.1 403 Forbidden (host_not_allowed: destination host is not in the sandbox policy; add it)")
+        );
+        let fields: Vec<(&str, &str)> = lines.map(|l| l.split_once(": ").unwrap()).collect();
+        let field = |n: &str| fields.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+        assert_eq!(field(DENY_REASON_HEADER), Some("host_not_allowed"));
+        assert_eq!(field("content-length"), Some(body.len().to_string().as_str()));
+        assert!(field("date").is_some());
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["reason"], "host_not_allowed");
     }
 }

@@ -79,7 +79,7 @@ pub async fn handle(
     let write = git.service.is_write();
     let subject =
         Subject::Git { repo: git.full_name(), access: if write { GitAccess::Write } else { GitAccess::Read } };
-    let presented = Presented { headers: req.headers(), entry, api_key: None };
+    let presented = Presented::of(req.headers(), entry, None);
     let authorized = match door::authorize(door, &state, &mut rec, conn, presented, subject) {
         Ok(a) => a,
         // A policy refusal is answered as git understands it (git prints it);

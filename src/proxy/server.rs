@@ -210,7 +210,12 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc
         conn.pending = Some(Arc::new(pending));
         conn.slot = Some(Arc::new(slot));
         match &shared.tls {
-            None => serve_connection(stream, conn, shared, shutdown).await,
+            None => {
+                // A client that sends its first byte just before the header-read
+                // timeout gets that timeout again from hyper: at most twice it, once.
+                let Some(stream) = super::first_request(stream, &conn, &shared).await else { return };
+                serve_connection(stream, conn, shared, shutdown).await
+            }
             Some(tls) => {
                 let handshake =
                     tokio::time::timeout(shared.config.proxy.header_read_timeout, tls.acceptor().accept(stream));

@@ -36,24 +36,23 @@ pub async fn one_way(from: &TcpStream, to: &TcpStream, gate: &impl Gate) -> io::
     let mut bulk = false;
     loop {
         from.readable().await?;
-        // Boxed for the moment a chunk moves: inline, the splice state would sit in
-        // every idle tunnel's future (about 480 bytes); one allocation per chunk is
-        // not measurable in CPU per GiB.
-        let n = match Box::pin(move_chunk(from, to, bulk)).await {
-            Ok(Some(Moved { n, filled })) => {
-                bulk = filled;
-                n
-            }
+        let moved = match first_step(from, to, bulk) {
+            Step::Done(moved) => moved,
             // Readiness was stale; wait again.
-            Ok(None) => continue,
-            Err(e) => return Err(e),
+            Step::Stale => continue,
+            // `to` is full: wait for it. Boxed, because inline this state would sit in
+            // every idle tunnel's future (about 480 bytes); a chunk waits for its
+            // destination only when that side is slower than this one.
+            Step::Blocked(rest) => Box::pin(rest.finish(to)).await?,
+            Step::Failed(e) => return Err(e),
         };
-        if n == 0 {
+        bulk = moved.filled;
+        if moved.n == 0 {
             // Propagate the half-close and let the other direction run on.
             let _ = socket2::SockRef::from(to).shutdown(Shutdown::Write);
             return Ok(());
         }
-        if !gate.go_on(n).await {
+        if !gate.go_on(moved.n).await {
             return Err(spent());
         }
     }
@@ -70,35 +69,82 @@ struct Moved {
     filled: bool,
 }
 
-/// Moves one chunk that `from` has ready, through a large pipe if `bulk`.
-/// `Ok(None)`: nothing was ready after all; `n == 0`: end of stream.
-async fn move_chunk(from: &TcpStream, to: &TcpStream, bulk: bool) -> io::Result<Option<Moved>> {
+/// How far one chunk got without waiting.
+enum Step {
+    /// All of it reached `to` (or `from` ended: `n == 0`).
+    Done(Moved),
+    /// Nothing was ready after all.
+    Stale,
+    /// Some of it is still to be written when `to` has room.
+    Blocked(Rest),
+    Failed(io::Error),
+}
+
+/// A chunk read from the source, part of it not yet written.
+enum Rest {
+    #[cfg(target_os = "linux")]
+    Pipe {
+        pipe: pipe::Pipe,
+        n: usize,
+        left: usize,
+    },
+    Buffer {
+        buf: Vec<u8>,
+        n: usize,
+        sent: usize,
+    },
+}
+
+impl Rest {
+    /// Writes the rest as `to` makes room.
+    async fn finish(self, to: &TcpStream) -> io::Result<Moved> {
+        match self {
+            #[cfg(target_os = "linux")]
+            Rest::Pipe { pipe, n, left } => pipe.drain(to, n, left).await,
+            Rest::Buffer { buf, n, mut sent } => {
+                while sent < n {
+                    to.writable().await?;
+                    match to.try_write(&buf[sent..n]) {
+                        Ok(m) => sent += m,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(Moved { n, filled: n == CHUNK })
+            }
+        }
+    }
+}
+
+/// Moves one chunk that `from` has ready, through a large pipe if `bulk`, as far as it
+/// goes without waiting (no allocation on that path: a tunnel's chunks almost always
+/// get through in one go).
+fn first_step(from: &TcpStream, to: &TcpStream, bulk: bool) -> Step {
     #[cfg(target_os = "linux")]
     if let Some(pipe) = pipe::Pipe::take(bulk) {
-        return pipe.carry(from, to).await;
+        return pipe.carry(from, to);
     }
     let _ = bulk;
-    copy_chunk(from, to).await
+    copy_chunk(from, to)
 }
 
 /// The user-space fallback: one buffer for one chunk.
-async fn copy_chunk(from: &TcpStream, to: &TcpStream) -> io::Result<Option<Moved>> {
+fn copy_chunk(from: &TcpStream, to: &TcpStream) -> Step {
     let mut buf = vec![0u8; CHUNK];
     let n = match from.try_read(&mut buf) {
         Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-        Err(e) => return Err(e),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Stale,
+        Err(e) => return Step::Failed(e),
     };
     let mut sent = 0;
     while sent < n {
-        to.writable().await?;
         match to.try_write(&buf[sent..n]) {
             Ok(m) => sent += m,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Blocked(Rest::Buffer { buf, n, sent }),
+            Err(e) => return Step::Failed(e),
         }
     }
-    Ok(Some(Moved { n, filled: n == CHUNK }))
+    Step::Done(Moved { n, filled: n == CHUNK })
 }
 
 #[cfg(target_os = "linux")]
@@ -112,7 +158,7 @@ mod pipe {
     use tokio::io::Interest;
     use tokio::net::TcpStream;
 
-    use super::Moved;
+    use super::{Moved, Rest, Step};
 
     /// A new pipe's capacity (the kernel's default).
     const SMALL: usize = 64 * 1024;
@@ -208,39 +254,61 @@ mod pipe {
             }
         }
 
-        /// Splices what `from` has ready into the pipe and all of it on into `to`. On
-        /// an error the pipe may hold bytes, so it is closed rather than pooled.
-        pub async fn carry(self, from: &TcpStream, to: &TcpStream) -> io::Result<Option<Moved>> {
-            let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
+        /// Splices what `from` has ready into the pipe and on into `to` as far as it
+        /// goes without waiting. On an error the pipe may hold bytes, so it is closed
+        /// rather than pooled.
+        pub fn carry(self, from: &TcpStream, to: &TcpStream) -> Step {
             let cap = self.cap;
             let filled = from
-                .try_io(Interest::READABLE, || Ok(splice(from.as_fd(), None, self.write.as_fd(), None, cap, flags)?));
+                .try_io(Interest::READABLE, || Ok(splice(from.as_fd(), None, self.write.as_fd(), None, cap, FLAGS)?));
             let n = match filled {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.give_back();
-                    return Ok(None);
+                    return Step::Stale;
                 }
                 Err(e) => {
                     self.give_back();
-                    return Err(e);
+                    return Step::Failed(e);
                 }
             };
             let mut left = n;
             while left > 0 {
+                match self.splice_out(to, left) {
+                    Ok(m) => left -= m,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return Step::Blocked(Rest::Pipe { pipe: self, n, left });
+                    }
+                    Err(e) => return Step::Failed(e),
+                }
+            }
+            self.give_back();
+            Step::Done(Moved { n, filled: n == cap })
+        }
+
+        /// Writes the `left` bytes still in the pipe (of `n` read) as `to` makes room.
+        pub async fn drain(self, to: &TcpStream, n: usize, mut left: usize) -> io::Result<Moved> {
+            while left > 0 {
                 to.writable().await?;
-                let drained = to
-                    .try_io(Interest::WRITABLE, || Ok(splice(self.read.as_fd(), None, to.as_fd(), None, left, flags)?));
-                match drained {
+                match self.splice_out(to, left) {
                     Ok(m) => left -= m,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(e) => return Err(e),
                 }
             }
+            let filled = n == self.cap;
             self.give_back();
-            Ok(Some(Moved { n, filled: n == cap }))
+            Ok(Moved { n, filled })
+        }
+
+        /// One `splice(2)` from the pipe into `to`, if `to` is (believed) writable.
+        fn splice_out(&self, to: &TcpStream, left: usize) -> io::Result<usize> {
+            to.try_io(Interest::WRITABLE, || Ok(splice(self.read.as_fd(), None, to.as_fd(), None, left, FLAGS)?))
         }
     }
+
+    /// Never block in the kernel; move pages rather than copy them where it can.
+    const FLAGS: SpliceFFlags = SpliceFFlags::SPLICE_F_MOVE.union(SpliceFFlags::SPLICE_F_NONBLOCK);
 
     #[cfg(test)]
     mod tests {
