@@ -118,7 +118,10 @@ pub async fn handle_first(
             start(next, Client::Tcp(stream), rec, conn, door);
             None
         }
-        Err(resp) => {
+        Err(mut resp) => {
+            if head.close {
+                resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            }
             let bytes = respond::serialize(resp).await;
             let sent = tokio::time::timeout(Duration::from_secs(10), stream.write_all(&bytes)).await;
             match sent {

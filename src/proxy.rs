@@ -90,11 +90,16 @@ pub async fn first_request(
     stream: tokio::net::TcpStream,
     conn: &ConnInfo,
     shared: &Arc<Shared>,
+    shutdown: &tokio_util::sync::CancellationToken,
 ) -> Option<tokio::net::TcpStream> {
     use crate::connect::head;
     let cfg = &shared.config.proxy;
     let mut buf = [0u8; head::PEEK];
-    let n = head::peek(&stream, &mut buf, cfg.header_read_timeout).await?;
+    // On shutdown, a connection that has sent nothing yet is closed at once.
+    let n = tokio::select! {
+        n = head::peek(&stream, &mut buf, cfg.header_read_timeout) => n?,
+        _ = shutdown.cancelled() => return None,
+    };
     let Some(head) = head::parse(&buf[..n], cfg.max_header_bytes, cfg.max_headers) else {
         return Some(stream);
     };

@@ -142,6 +142,27 @@ impl zero_copy::Gate for Gate<'_> {
     }
 }
 
+/// Runs both directions: one that ends cleanly (a half-close) lets the other run on;
+/// one that fails (a reset, a spent budget) ends the tunnel at once, so that a client
+/// that reset its side does not hold the upstream (and its connection place) until
+/// the idle timeout.
+async fn both_unless_failed(
+    a: impl Future<Output = std::io::Result<()>>,
+    b: impl Future<Output = std::io::Result<()>>,
+) -> End {
+    tokio::pin!(a, b);
+    tokio::select! {
+        ra = &mut a => match ra {
+            Ok(()) => end_of(Ok(()), b.await),
+            Err(_) => End::Error,
+        },
+        rb = &mut b => match rb {
+            Ok(()) => end_of(a.await, Ok(())),
+            Err(_) => End::Error,
+        },
+    }
+}
+
 fn end_of(a: std::io::Result<()>, b: std::io::Result<()>) -> End {
     if a.is_ok() && b.is_ok() { End::Closed } else { End::Error }
 }
@@ -167,8 +188,7 @@ pub async fn relay_tcp(
         let (up, down) = (activity.gate(Dir::Up), activity.gate(Dir::Down));
         let a = zero_copy::one_way(&client, &upstream, &up);
         let b = zero_copy::one_way(&upstream, &client, &down);
-        let (ra, rb) = tokio::join!(a, b);
-        end_of(ra, rb)
+        both_unless_failed(a, b).await
     };
     // Boxed: passed by value into `supervise`, the copying future would be laid out
     // twice in this future (about 1.1 KiB more per tunnel, idle ones included).
@@ -195,8 +215,7 @@ where
         let (up, down) = (activity.gate(Dir::Up), activity.gate(Dir::Down));
         let a = one_way(&mut cr, &mut uw, &up);
         let b = one_way(&mut ur, &mut cw, &down);
-        let (ra, rb) = tokio::join!(a, b);
-        end_of(ra, rb)
+        both_unless_failed(a, b).await
     };
     // Boxed: passed by value into `supervise`, the copying future would be laid out
     // twice in this future (about 1.1 KiB more per tunnel, idle ones included).

@@ -26,8 +26,8 @@ pub struct ConnectHead<'a> {
     pub version: Version,
     /// The first `Proxy-Authorization` value, as hyper's `HeaderMap::get` would give.
     pub proxy_authorization: Option<&'a [u8]>,
-    /// The client asked to close after the answer (`Connection: close`, or HTTP/1.0
-    /// without `keep-alive`): after a refusal, the connection is closed.
+    /// The connection closes after a refusal: HTTP/1.0 (as hyper does), or a
+    /// `Connection: close` (`Proxy-Connection` is not looked at, as hyper does not).
     pub close: bool,
     /// Length of the head: the bytes to consume from the socket.
     pub len: usize,
@@ -76,13 +76,10 @@ pub fn parse(bytes: &[u8], max_header_bytes: usize, max_headers: usize) -> Optio
         }
         if name.eq_ignore_ascii_case("proxy-authorization") {
             proxy_authorization = proxy_authorization.or(Some(h.value));
-        } else if name.eq_ignore_ascii_case("connection") || name.eq_ignore_ascii_case("proxy-connection") {
-            let tokens = || h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii);
-            if tokens().any(|t| t.eq_ignore_ascii_case(b"close")) {
-                close = true;
-            } else if version == Version::HTTP_10 && tokens().any(|t| t.eq_ignore_ascii_case(b"keep-alive")) {
-                close = false;
-            }
+        } else if name.eq_ignore_ascii_case("connection")
+            && h.value.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+        {
+            close = true;
         }
     }
     Some(ConnectHead { target, version, proxy_authorization, close, len })
@@ -119,8 +116,10 @@ mod tests {
         );
         let v6 = head("CONNECT [::1]:443 HTTP/1.0\r\n\r\n").unwrap_or_else(|| panic!("not taken"));
         assert_eq!((v6.target, v6.close), ("[::1]:443", true));
-        let kept = head("CONNECT a:1 HTTP/1.0\r\nProxy-Connection: Keep-Alive\r\n\r\n").unwrap_or_else(|| panic!("x"));
-        assert!(!kept.close);
+        let ten = head("CONNECT a:1 HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").unwrap_or_else(|| panic!("x"));
+        assert!(ten.close, "HTTP/1.0 closes after a refusal");
+        let proxy = head("CONNECT a:1 HTTP/1.1\r\nProxy-Connection: close\r\n\r\n").unwrap_or_else(|| panic!("x"));
+        assert!(!proxy.close, "Proxy-Connection is not looked at");
         let closed =
             head("CONNECT a:1 HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n").unwrap_or_else(|| panic!("x"));
         assert!(closed.close);

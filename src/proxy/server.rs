@@ -213,7 +213,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc
             None => {
                 // A client that sends its first byte just before the header-read
                 // timeout gets that timeout again from hyper: at most twice it, once.
-                let Some(stream) = super::first_request(stream, &conn, &shared).await else { return };
+                let Some(stream) = super::first_request(stream, &conn, &shared, &shutdown).await else { return };
                 serve_connection(stream, conn, shared, shutdown).await
             }
             Some(tls) => {
