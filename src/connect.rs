@@ -49,6 +49,28 @@ enum Client {
     Tcp(TcpStream),
 }
 
+/// The client side once the tunnel is open: `None` when the upgrade failed or the
+/// `200` could not be written.
+enum Open {
+    Upgraded(hyper::upgrade::Upgraded),
+    Tcp(TcpStream),
+}
+
+impl Client {
+    async fn open(self) -> Option<Open> {
+        match self {
+            Client::Upgrade(on_upgrade) => match on_upgrade.await {
+                Ok(upgraded) => Some(Open::Upgraded(upgraded)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "CONNECT upgrade failed");
+                    None
+                }
+            },
+            Client::Tcp(mut stream) => stream.write_all(ESTABLISHED).await.ok().map(|()| Open::Tcp(stream)),
+        }
+    }
+}
+
 /// The record every CONNECT starts with.
 fn record(conn: &ConnInfo, state: &State) -> AccessRecord {
     AccessRecord::with_vpce(Kind::Connect, "CONNECT", String::new(), conn.peer, state.generation, conn.vpce.clone())
@@ -198,39 +220,21 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
             Next::Tunnel { hold, upstream } => {
                 let cancel = hold.registration().token().clone();
                 let meter = hold.meter().map(|m| &**m);
-                let out = match client {
-                    Client::Upgrade(on_upgrade) => match on_upgrade.await {
-                        Ok(upgraded) => Some(relay(upgraded, upstream, idle, &cancel, meter).await),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "CONNECT upgrade failed");
-                            None
-                        }
-                    },
-                    Client::Tcp(mut stream) => match stream.write_all(ESTABLISHED).await {
-                        Ok(()) => Some(relay::relay_tcp(stream, upstream, 0, idle, &cancel, meter).await),
-                        Err(_) => Some(relay::Outcome { up: 0, down: 0, end: relay::End::Error }),
-                    },
+                let out = match client.open().await {
+                    Some(Open::Upgraded(upgraded)) => relay(upgraded, upstream, idle, &cancel, meter).await,
+                    Some(Open::Tcp(stream)) => relay::relay_tcp(stream, upstream, 0, idle, &cancel, meter).await,
+                    None => relay::Outcome { up: 0, down: 0, end: relay::End::Error },
                 };
-                if let Some(out) = out {
-                    rec.bytes_up = out.up;
-                    rec.bytes_down = out.down;
-                    door::record::budget_ended(&mut rec, out.end, meter);
-                }
+                rec.bytes_up = out.up;
+                rec.bytes_down = out.down;
+                door::record::budget_ended(&mut rec, out.end, meter);
             }
             Next::Inspect(inspection) => {
                 let Inspection { hold, inner, target, inspector } = *inspection;
-                let io: Option<Box<dyn door::Io>> = match client {
-                    Client::Upgrade(on_upgrade) => match on_upgrade.await {
-                        Ok(upgraded) => Some(Box::new(TokioIo::new(upgraded))),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "CONNECT upgrade failed");
-                            None
-                        }
-                    },
-                    Client::Tcp(mut stream) => match stream.write_all(ESTABLISHED).await {
-                        Ok(()) => Some(Box::new(stream)),
-                        Err(_) => None,
-                    },
+                let io: Option<Box<dyn door::Io>> = match client.open().await {
+                    Some(Open::Upgraded(upgraded)) => Some(Box::new(TokioIo::new(upgraded))),
+                    Some(Open::Tcp(stream)) => Some(Box::new(stream)),
+                    None => None,
                 };
                 if let Some(io) = io {
                     let cancel = hold.registration().token().clone();

@@ -114,3 +114,126 @@ fn connect_accepts_http10_and_needs_an_authority() {
     let resp = exchange(gw.addr, format!("CONNECT /x HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes());
     assert_eq!(status(&resp), 400, "{resp}");
 }
+
+/// Reads a CONNECT refusal's status, deny reason and JSON body.
+fn refusal_parts(resp: &str) -> (u16, Option<String>, serde_json::Value) {
+    let reason = resp.lines().find_map(|l| {
+        l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("x-egress-deny-reason")).map(|(_, v)| v.trim().into())
+    });
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (status(resp), reason, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+}
+
+/// A CONNECT head that arrives in one piece is answered by the fast path, one that
+/// arrives in two by hyper: the same answer either way, for a refusal and for a tunnel.
+#[test]
+fn a_connect_split_across_writes_is_answered_like_one_in_a_single_write() {
+    use std::io::Write;
+    let (gw, origin) = support::start_http();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let denied = format!("CONNECT example.com:{port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
+    let whole = support::raw::request(gw.addr, &denied);
+    let mut s = support::raw::connect(gw.addr);
+    let (first, rest) = denied.split_at(20);
+    s.write_all(first.as_bytes()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    s.write_all(rest.as_bytes()).unwrap();
+    let split = support::raw::read_response(&mut s);
+    assert_eq!(refusal_parts(&whole), refusal_parts(&split), "{whole}\n---\n{split}");
+    assert_eq!(refusal_parts(&whole).1.as_deref(), Some("host_not_allowed"), "{whole}");
+
+    // An allowed one, split: a tunnel all the same.
+    let allowed = format!("CONNECT origin.test:{port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
+    let mut s = support::raw::connect(gw.addr);
+    let (first, rest) = allowed.split_at(10);
+    s.write_all(first.as_bytes()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    s.write_all(rest.as_bytes()).unwrap();
+    assert_eq!(status(&support::raw::read_head(&mut s)), 200);
+    s.write_all(b"GET /split HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n").unwrap();
+    let answer = support::raw::read_all(&mut s);
+    assert_eq!(status(&answer), 200, "{answer}");
+}
+
+/// A refused CONNECT leaves an HTTP/1.1 connection open for the next request (curl's
+/// 407, then the same request with credentials); HTTP/1.0 and `Connection: close`
+/// close it, and say so.
+#[test]
+fn a_refused_connect_keeps_the_connection_for_the_next_request() {
+    use std::io::Write;
+    let (gw, origin) = support::start_http();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let mut s = support::raw::connect(gw.addr);
+    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).unwrap();
+    let first = support::raw::read_response(&mut s);
+    assert_eq!(refusal_parts(&first).0, 407, "{first}");
+    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes())
+        .unwrap();
+    assert_eq!(status(&support::raw::read_head(&mut s)), 200);
+    s.write_all(b"GET /after-407 HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n").unwrap();
+    let answer = support::raw::read_all(&mut s);
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(origin.recorded().iter().any(|r| r.uri == "/after-407"), "the origin did not see it");
+
+    for (version, extra) in [("1.0", ""), ("1.1", "Connection: close\r\n")] {
+        let req =
+            format!("CONNECT origin.test:{port} HTTP/{version}\r\n{extra}\r\nGET http://origin.test/ HTTP/1.1\r\n\r\n");
+        // read_all returns once the gateway closes: the pipelined GET is not served.
+        let resp = exchange(gw.addr, req.as_bytes());
+        assert_eq!(status(&resp), 407, "{resp}");
+        assert_eq!(resp.matches("HTTP/1.").count(), 1, "HTTP/{version}: a second answer: {resp}");
+        assert!(resp.to_ascii_lowercase().contains("connection: close"), "{resp}");
+    }
+}
+
+/// Bytes a client sends right behind the CONNECT head reach the origin once.
+#[test]
+fn bytes_pipelined_behind_a_connect_reach_the_origin_once() {
+    use std::io::Write;
+    let (gw, origin) = support::start_http();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let mut s = support::raw::connect(gw.addr);
+    let req = format!(
+        "CONNECT origin.test:{port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n\
+         GET /pipelined HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&support::raw::read_head(&mut s)), 200);
+    let answer = support::raw::read_all(&mut s);
+    assert_eq!(status(&answer), 200, "{answer}");
+    let seen = origin.recorded().iter().filter(|r| r.uri == "/pipelined").count();
+    assert_eq!(seen, 1);
+}
+
+/// A client that resets its end of a tunnel ends the tunnel: the upstream is closed at
+/// once, not held until `proxy.tunnel_idle_timeout` (30 s here).
+#[test]
+fn a_client_reset_closes_the_upstream_side() {
+    use std::io::{Read, Write};
+    let (gw, _origin) = support::start_http();
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    let auth = basic("sbx-a", TOKEN_A);
+    let mut s = support::raw::connect(gw.addr);
+    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes())
+        .unwrap();
+    let (mut accepted, _) = upstream.accept().unwrap();
+    assert_eq!(status(&support::raw::read_head(&mut s)), 200);
+    s.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    accepted.read_exact(&mut b).unwrap();
+    // Close with a reset (linger 0), leaving the upstream silent.
+    socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO)).unwrap();
+    drop(s);
+    accepted.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let started = std::time::Instant::now();
+    let ended = match accepted.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    };
+    assert!(ended, "the upstream side stayed open for {:?}", started.elapsed());
+}
