@@ -115,7 +115,7 @@ pub fn token_sha256(token: &str) -> [u8; 32] {
 /// narrow or bind.
 #[derive(Debug, Clone)]
 pub struct Identity {
-    pub sandbox: String,
+    pub sandbox: std::sync::Arc<str>,
     pub policy: Arc<Policy>,
     /// A signed token's `repos` claim: narrows the policy's git repositories.
     pub repos: Option<Vec<String>>,
@@ -170,7 +170,7 @@ pub fn authenticate(
         };
         let key = verifier.key_fingerprint(&kid).unwrap_or_default();
         let credential = Credential::Signed { kid, key, jti: claims.jti, expires: claims.exp };
-        return Ok(Identity { sandbox: claims.sub, policy, repos: claims.repos, vpce, credential });
+        return Ok(Identity { sandbox: claims.sub.into(), policy, repos: claims.repos, vpce, credential });
     }
     let presented = token_sha256(creds.secret());
     match set.sandbox(creds.user()) {

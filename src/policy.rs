@@ -49,7 +49,7 @@ struct RuleSet {
 /// One compiled policy.
 #[derive(Debug)]
 pub struct Policy {
-    name: String,
+    name: std::sync::Arc<str>,
     mode: Mode,
     default_ports: Vec<u16>,
     rules: Vec<RuleSource>,
@@ -110,7 +110,7 @@ impl Policy {
     pub fn builder(name: &str, mode: Mode, default_ports: &[u16]) -> PolicyBuilder {
         PolicyBuilder {
             policy: Policy {
-                name: name.to_string(),
+                name: name.into(),
                 mode,
                 default_ports: default_ports.to_vec(),
                 rules: Vec::new(),
@@ -184,6 +184,11 @@ impl Policy {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The name, shared (no allocation for a record or registry entry that keeps it).
+    pub fn shared_name(&self) -> std::sync::Arc<str> {
+        self.name.clone()
     }
 
     /// The policy's egress budget, if it has one.
@@ -470,7 +475,7 @@ impl PolicyBuilder {
 /// A sandbox: its id, how it authenticates and which policy governs it.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
-    pub id: String,
+    pub id: std::sync::Arc<str>,
     /// SHA-256 of the sandbox's static token.
     pub token_sha256: [u8; 32],
     pub policy: Arc<Policy>,

@@ -335,8 +335,10 @@ fn compile(
             }
         }
         let labels = s.labels;
-        sandboxes
-            .insert(s.id.clone(), Sandbox { id: s.id, token_sha256: hash, policy, vpce: s.vpce, addresses, labels });
+        sandboxes.insert(
+            s.id.clone(),
+            Sandbox { id: s.id.into(), token_sha256: hash, policy, vpce: s.vpce, addresses, labels },
+        );
     }
     let claims = Claims::build(claims).map_err(|pair| {
         let (a, b) = *pair;

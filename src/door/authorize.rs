@@ -82,7 +82,7 @@ pub fn authorize_as(
     subject: Subject,
 ) -> Result<Authorized, Refusal> {
     rec.sandbox = Some(identity.sandbox.clone());
-    rec.policy = Some(identity.policy.name().to_string());
+    rec.policy = Some(identity.policy.shared_name());
     // `ID.sandboxes.internal`: another sandbox, whose policy has a say too.
     let subject = match subject {
         Subject::Host(t) | Subject::Request { target: t, .. }

@@ -118,7 +118,7 @@ fn check_binding(identity: &Identity, conn: &ConnInfo) -> Result<(), AuthError> 
         return Err(AuthError::WrongNetwork);
     }
     if let Some(cn) = &conn.client_cn
-        && cn != &identity.sandbox
+        && **cn != *identity.sandbox
     {
         return Err(AuthError::WrongCertificate);
     }

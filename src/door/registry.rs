@@ -17,10 +17,10 @@ use crate::policy::{self, Policy, Subject};
 use crate::reload::State;
 
 struct Entry {
-    sandbox: String,
+    sandbox: std::sync::Arc<str>,
     /// The policy the credential named (a signed token's `pol`); static tokens take
     /// their sandbox's policy from the state.
-    policy: String,
+    policy: std::sync::Arc<str>,
     credential: Credential,
     repos: Option<Vec<String>>,
     /// What authorized it.
@@ -95,7 +95,7 @@ impl Registry {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
             sandbox: identity.sandbox.clone(),
-            policy: identity.policy.name().to_string(),
+            policy: identity.policy.shared_name(),
             credential: identity.credential.clone(),
             repos: identity.repos.clone(),
             held: subject,
@@ -120,7 +120,7 @@ impl Registry {
     pub fn open_for(&self, sandbox: &str) -> Vec<String> {
         self.open
             .lock()
-            .map(|o| o.values().filter(|e| e.sandbox == sandbox).map(|e| e.held.to_string()).collect())
+            .map(|o| o.values().filter(|e| *e.sandbox == *sandbox).map(|e| e.held.to_string()).collect())
             .unwrap_or_default()
     }
 
@@ -217,7 +217,7 @@ fn governing<'s>(state: &'s State, sandbox: &str, policy: &str, credential: &Cre
             (sbx.token_sha256 == *token_sha256).then_some(&sbx.policy)
         }
         Credential::Network { addr: Some(ip) } => {
-            let sbx = state.policies.sandbox_at(*ip).filter(|s| s.id == sandbox)?;
+            let sbx = state.policies.sandbox_at(*ip).filter(|s| *s.id == *sandbox)?;
             Some(&sbx.policy)
         }
         Credential::Network { addr: None } => state.policies.sandbox(sandbox).map(|s| &s.policy),

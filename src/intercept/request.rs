@@ -142,7 +142,7 @@ pub async fn handle(
             let d = policy::decide(&identity.policy, &subject, identity.repos.as_deref());
             if let Some(reason) = d.reason() {
                 rec.sandbox = Some(identity.sandbox.clone());
-                rec.policy = Some(identity.policy.name().to_string());
+                rec.policy = Some(identity.policy.shared_name());
                 let hint = policy::hint(&identity.policy, reason, &subject, &d).unwrap_or_default();
                 let refusal = Refusal {
                     reason,
