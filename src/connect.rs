@@ -211,11 +211,11 @@ const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
 /// Runs the tunnel (or the inspection) in a task of its own. Counted and registered
 /// from before the `200` is written, so a scrape or a reload right after it sees it.
 fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, door: &Door) {
-    let slot = conn.slot.clone();
+    let place = conn.place();
     let active = crate::metrics::ActiveGuard::tunnel();
     let idle = door.config.proxy.tunnel_idle_timeout;
     door.tasks.spawn(async move {
-        let (_slot, _active) = (slot, active);
+        let (_place, _active) = (place, active);
         match next {
             Next::Tunnel { hold, upstream } => {
                 let cancel = hold.registration().token().clone();

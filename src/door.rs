@@ -101,7 +101,22 @@ impl std::fmt::Debug for ConnInfo {
     }
 }
 
+/// What a tunnel or upgraded exchange keeps of its connection for as long as it
+/// lives: the connection's place under `proxy.max_connections`, and its count for the
+/// sandbox under `proxy.sandbox_max_connections` (a tunnel is a connection the
+/// sandbox holds).
+#[derive(Clone)]
+pub struct Place {
+    _slot: Option<Slot>,
+    _share: Option<Arc<admission::Pending>>,
+}
+
 impl ConnInfo {
+    /// What a tunnel started on this connection keeps of it ([`Place`]).
+    pub fn place(&self) -> Place {
+        Place { _slot: self.slot.clone(), _share: self.pending.clone() }
+    }
+
     /// A request on this connection was authorized (identity, policy and limits) for
     /// `sandbox`: the connection no longer counts against its address's unauthenticated
     /// share, and counts for the sandbox instead. A request the policy refuses does not
@@ -146,7 +161,7 @@ pub trait Inspector: Send + Sync {
 /// sees it.
 pub fn relay_upgraded(
     door: &Door,
-    slot: Option<Slot>,
+    place: Place,
     hold: Arc<registry::Hold>,
     mut rec: crate::access_log::AccessRecord,
     client: hyper::upgrade::OnUpgrade,
@@ -156,7 +171,7 @@ pub fn relay_upgraded(
     let idle = door.config.proxy.tunnel_idle_timeout;
     let active = crate::metrics::ActiveGuard::tunnel();
     door.tasks.spawn(async move {
-        let (_slot, _active) = (slot, active);
+        let (_place, _active) = (place, active);
         let cancel = hold.registration().token().clone();
         if let (Ok(c), Ok(u)) = (client.await, upstream.await) {
             let meter = hold.meter().map(|m| &**m);

@@ -338,3 +338,53 @@ fn one_sandbox_cannot_hold_every_connection() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A tunnel is a connection its sandbox holds: open CONNECT tunnels count against
+/// `proxy.sandbox_max_connections` for as long as they live, whether the CONNECT was
+/// answered by the fast path (one write) or by hyper (a head in two writes).
+#[test]
+fn open_tunnels_count_for_their_sandbox() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG
+        .replace("header_read_timeout = \"2s\"", "header_read_timeout = \"2s\"\nsandbox_max_connections = 2");
+    let gw = TestGateway::start(&config, &standard_policy());
+    let req = format!(
+        "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    let open = |split: bool| {
+        let mut s = raw::connect(gw.addr);
+        if split {
+            s.write_all(&req.as_bytes()[..12]).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            s.write_all(&req.as_bytes()[12..]).unwrap();
+        } else {
+            s.write_all(req.as_bytes()).unwrap();
+        }
+        let head = read_response(&mut s);
+        (s, head)
+    };
+    // A tunnel, once the places of tunnels closed earlier are free again (the gateway
+    // notices a close asynchronously).
+    let open_allowed = |split: bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (s, head) = open(split);
+            if status(&head) == 200 {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "closed tunnels never freed their places: {head}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for split in [false, true] {
+        let held = [open_allowed(split), open_allowed(split)];
+        let (_third, head) = open(split);
+        assert_eq!(status(&head), 429, "split {split}: {head}");
+        assert!(head.contains("sandbox_max_connections"), "{head}");
+        drop(held);
+    }
+    // And the places come back.
+    let _again = [open_allowed(false), open_allowed(true)];
+}

@@ -266,7 +266,7 @@ pub async fn handle(
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade
     {
-        return door::relay_upgraded(door, conn.slot.clone(), hold, rec, client_upgrade, resp);
+        return door::relay_upgraded(door, conn.place(), hold, rec, client_upgrade, resp);
     }
 
     if swapped.any() && redact::is_encoded(resp.headers()) {
