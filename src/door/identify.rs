@@ -13,10 +13,11 @@ pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the pro
 /// Where a request's credentials may be.
 #[derive(Debug, Clone, Copy)]
 pub struct Presented<'a> {
-    /// The request's headers; `None` when only its `Proxy-Authorization` was parsed
-    /// (a CONNECT head read by the fast path), which is then `proxy_authorization`.
-    pub headers: Option<&'a HeaderMap>,
+    /// The first `Proxy-Authorization` value (what `HeaderMap::get` gives).
     pub proxy_authorization: Option<&'a [u8]>,
+    /// The request's other headers, looked at on the origin-form entry only; `None`
+    /// for a CONNECT head the fast path parsed in place.
+    pub headers: Option<&'a HeaderMap>,
     pub entry: Entry,
     /// An API route's key header and its value prefix: on the origin-form entry an SDK
     /// sends `ID:TOKEN` there as its API key.
@@ -26,28 +27,25 @@ pub struct Presented<'a> {
 impl<'a> Presented<'a> {
     /// Credentials in `Proxy-Authorization` only: CONNECT and absolute-form requests.
     pub fn proxy(headers: &'a HeaderMap) -> Self {
-        Presented { headers: Some(headers), proxy_authorization: None, entry: Entry::Absolute, api_key: None }
+        Presented::of(headers, Entry::Absolute, None)
     }
 
     /// Like [`Presented::proxy`], from the first `Proxy-Authorization` value alone.
     pub fn proxy_value(value: Option<&'a [u8]>) -> Self {
-        Presented { headers: None, proxy_authorization: value, entry: Entry::Absolute, api_key: None }
+        Presented { proxy_authorization: value, headers: None, entry: Entry::Absolute, api_key: None }
     }
 
     /// Any request's credentials, wherever `entry` lets them be.
     pub fn of(headers: &'a HeaderMap, entry: Entry, api_key: Option<(&'a HeaderName, &'a str)>) -> Self {
-        Presented { headers: Some(headers), proxy_authorization: None, entry, api_key }
+        let proxy_authorization = headers.get(header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
+        Presented { proxy_authorization, headers: Some(headers), entry, api_key }
     }
 
     /// The credentials, from the first place that has any: `Proxy-Authorization`;
     /// on the origin-form entry, `Authorization` (`Basic`, or `Bearer ID:TOKEN`), then
     /// the API key header.
     fn credentials(&self) -> Result<Credentials, AuthError> {
-        let proxy = match self.headers {
-            Some(h) => h.get(header::PROXY_AUTHORIZATION).map(|v| v.as_bytes()),
-            None => self.proxy_authorization,
-        };
-        if let Some(v) = proxy {
+        if let Some(v) = self.proxy_authorization {
             return auth::parse_basic(v);
         }
         let Some(h) = self.headers.filter(|_| self.entry != Entry::Absolute) else {
