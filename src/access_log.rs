@@ -4,6 +4,7 @@
 //! client_addr, vpce, shadow_decision, budget`. Never a token, never a header value.
 
 pub mod recent;
+mod text;
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -11,6 +12,7 @@ use std::time::Instant;
 use crate::policy::Outcome;
 
 pub use crate::telemetry::{ACCESS_TARGET as TARGET, Kind};
+pub use text::Text;
 
 #[derive(Debug, Clone)]
 pub struct AccessRecord {
@@ -18,7 +20,7 @@ pub struct AccessRecord {
     /// A standard method is a static string: no allocation per request.
     pub method: std::borrow::Cow<'static, str>,
     /// Normalised target, or the raw request target (truncated) when it did not parse.
-    pub target: String,
+    pub target: Text,
     pub client_addr: SocketAddr,
     pub started: Instant,
     pub sandbox: Option<std::sync::Arc<str>>,
@@ -26,7 +28,7 @@ pub struct AccessRecord {
     pub policy_generation: u64,
     pub decision: Outcome,
     pub reason: Option<&'static str>,
-    pub rule: Option<String>,
+    pub rule: Option<std::sync::Arc<str>>,
     pub upstream_addr: Option<SocketAddr>,
     pub status: u16,
     pub bytes_up: u64,
@@ -106,14 +108,14 @@ fn bounded(s: &str) -> String {
 }
 
 impl AccessRecord {
-    pub fn new(kind: Kind, method: &str, target: String, client_addr: SocketAddr, generation: u64) -> Self {
+    pub fn new(kind: Kind, method: &str, target: impl Into<Text>, client_addr: SocketAddr, generation: u64) -> Self {
         Self::with_vpce(kind, method, target, client_addr, generation, None)
     }
 
     pub fn with_vpce(
         kind: Kind,
         method: &str,
-        target: String,
+        target: impl Into<Text>,
         client_addr: SocketAddr,
         generation: u64,
         vpce: Option<String>,
@@ -121,7 +123,7 @@ impl AccessRecord {
         AccessRecord {
             kind,
             method: static_method(method),
-            target,
+            target: target.into(),
             client_addr,
             started: Instant::now(),
             sandbox: None,
@@ -222,7 +224,7 @@ mod tests {
         let mut rec = AccessRecord::with_vpce(
             Kind::Forward,
             "GET",
-            "example.com:80".into(),
+            "example.com:80",
             "127.0.0.1:5000".parse().unwrap_or_else(|e| panic!("{e}")),
             7,
             Some("vpce-1".into()),

@@ -19,30 +19,45 @@ use crate::tokens::{self, TokenError, Verifier};
 /// Longest `Authorization` value accepted; real ones are far shorter.
 const MAX_HEADER_LEN: usize = 4096;
 
-/// A presented `user:secret` pair, kept as one string (one allocation per request).
+/// Decoded credentials up to this many bytes (a sandbox id with a static token, or a
+/// signed token of a few claims) are kept on the stack: no allocation per request.
+const INLINE_CREDENTIALS: usize = 384;
+
+/// A presented `user:secret` pair, kept as one UTF-8 string: inline up to
+/// [`INLINE_CREDENTIALS`] bytes, on the heap beyond.
 pub struct Credentials {
-    pair: String,
+    pair: smallvec::SmallVec<[u8; INLINE_CREDENTIALS]>,
     /// Where the separating `:` is.
     colon: usize,
 }
 
 impl Credentials {
     pub fn new(user: &str, secret: &str) -> Self {
-        Credentials { pair: format!("{user}:{secret}"), colon: user.len() }
+        let mut pair = smallvec::SmallVec::with_capacity(user.len() + 1 + secret.len());
+        pair.extend_from_slice(user.as_bytes());
+        pair.push(b':');
+        pair.extend_from_slice(secret.as_bytes());
+        Credentials { pair, colon: user.len() }
     }
 
-    /// `user:secret` already joined (a decoded `Basic` value), split at its first `:`.
-    fn joined(pair: String) -> Option<Self> {
-        let colon = pair.find(':')?;
+    /// `user:secret` already joined (a decoded `Basic` value), split at its first `:`;
+    /// `None` unless it is UTF-8 with a `:`.
+    fn joined(pair: smallvec::SmallVec<[u8; INLINE_CREDENTIALS]>) -> Option<Self> {
+        let colon = std::str::from_utf8(&pair).ok()?.find(':')?;
         Some(Credentials { pair, colon })
     }
 
+    /// Checked to be UTF-8 when made, so never empty for a pair that was not.
+    fn text(&self) -> &str {
+        std::str::from_utf8(&self.pair).unwrap_or_default()
+    }
+
     pub fn user(&self) -> &str {
-        &self.pair[..self.colon]
+        self.text().get(..self.colon).unwrap_or_default()
     }
 
     pub fn secret(&self) -> &str {
-        &self.pair[self.colon + 1..]
+        self.text().get(self.colon + 1..).unwrap_or_default()
     }
 }
 
@@ -97,8 +112,12 @@ pub fn parse_basic(value: &[u8]) -> Result<Credentials, AuthError> {
     if !scheme.eq_ignore_ascii_case("basic") {
         return Err(AuthError::Malformed);
     }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(payload.trim()).map_err(|_| AuthError::Malformed)?;
-    let decoded = String::from_utf8(decoded).map_err(|_| AuthError::Malformed)?;
+    let payload = payload.trim();
+    let mut decoded = smallvec::smallvec![0u8; base64::decoded_len_estimate(payload.len())];
+    let len = base64::engine::general_purpose::STANDARD
+        .decode_slice(payload, &mut decoded)
+        .map_err(|_| AuthError::Malformed)?;
+    decoded.truncate(len);
     let creds = Credentials::joined(decoded).ok_or(AuthError::Malformed)?;
     if creds.user().is_empty() || creds.secret().is_empty() {
         return Err(AuthError::Malformed);

@@ -28,7 +28,7 @@ fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<Pr
 /// What happens next to an authorized CONNECT, once its `200` is answered.
 enum Next {
     /// Relayed to the upstream already dialled.
-    Tunnel { hold: Arc<door::registry::Hold>, upstream: TcpStream },
+    Tunnel { hold: door::registry::Hold, upstream: TcpStream },
     /// Handed to the inspector: no upstream is dialled for the tunnel itself, each
     /// request inside is decided and sent on its own. Boxed: a tunnel's task holds
     /// this value for its life, and the tunnel variant is the common one.
@@ -36,7 +36,7 @@ enum Next {
 }
 
 struct Inspection {
-    hold: Arc<door::registry::Hold>,
+    hold: door::registry::Hold,
     inner: ConnInfo,
     target: addr::Target,
     inspector: Arc<dyn door::Inspector>,
@@ -87,7 +87,7 @@ pub async fn handle(
     // Only a refused request that never parsed needs its raw target recorded.
     let uri = req.uri();
     let refuse = |rec: &mut AccessRecord, hint: &str| {
-        rec.target = raw_target(&uri.to_string());
+        rec.target = raw_target(&uri.to_string()).into();
         reject(rec, DenyReason::BadRequest, hint)
     };
 
@@ -171,11 +171,11 @@ async fn admit(
     let target = match addr::parse_authority(authority, None) {
         Ok(t) => t,
         Err(e) => {
-            rec.target = raw_target(authority);
+            rec.target = raw_target(authority).into();
             return Err(reject(rec, DenyReason::BadRequest, &format!("invalid CONNECT target: {e}")));
         }
     };
-    rec.target = target.to_string();
+    rec.target = crate::access_log::Text::display(&target);
 
     // Registered before the dial: a reload while the gateway resolves and connects
     // (which the client can stretch) ends this tunnel like any open one.
@@ -185,7 +185,7 @@ async fn admit(
     };
     if let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target)) {
         rec.status = 200;
-        let inner = ConnInfo { identity: Some(authorized.identity), pending: None, ..conn.clone() };
+        let inner = ConnInfo { identity: Some(authorized.identity), held: None, ..conn.clone() };
         return Ok(Next::Inspect(Box::new(Inspection { hold: authorized.hold, inner, target, inspector })));
     }
     if let Some(refusal) = authorized.opaque_refusal("intercept.never (or no [intercept]) keeps it a tunnel") {

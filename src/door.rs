@@ -52,9 +52,8 @@ pub struct Door {
     /// Tunnels and upgraded connections outlive their request; they are tracked here so
     /// shutdown can wait for them.
     pub tasks: TaskTracker,
-    /// Fires when in-flight work must stop (after the shutdown grace period).
-    pub hard_stop: CancellationToken,
-    /// Every live connection, with the subject that authorized it.
+    /// Every live connection, with the subject that authorized it; ends them all when
+    /// in-flight work must stop (after the shutdown grace period).
     pub registry: registry::Registry,
     /// Per-sandbox concurrency and rate (`proxy.sandbox_max_*`).
     pub limits: limits::SandboxLimits,
@@ -66,9 +65,15 @@ pub struct Door {
     pub admission: Arc<admission::Admission>,
 }
 
-/// Keeps a connection's place under `proxy.max_connections` (and in the gauges) while
-/// any tunnel or upgraded exchange on it lives; the dispatcher decides what is in it.
-pub type Slot = Arc<dyn Send + Sync>;
+/// What a connection holds for as long as it, or any tunnel or upgraded exchange on it,
+/// lives: its share (against its address until a request on it authenticates, then for
+/// its sandbox) and its place under `proxy.max_connections` and in the gauges, which
+/// the listener that accepted it decides (`()` for none). One allocation per
+/// connection for both.
+pub struct Held<S: ?Sized + Send + Sync = dyn Send + Sync> {
+    pub share: admission::Pending,
+    pub place: S,
+}
 
 /// Per-connection facts.
 #[derive(Clone)]
@@ -80,12 +85,10 @@ pub struct ConnInfo {
     /// With `proxy.tls_client_cn_is_sandbox`: the client certificate's subject CN,
     /// which must equal the authenticated sandbox id.
     pub client_cn: Option<String>,
-    /// The connection's place; tunnels and upgraded connections keep a clone, so they
-    /// count until they close.
-    pub slot: Option<Slot>,
-    /// Counts against its address's unauthenticated share until a request on it
-    /// authenticates.
-    pub pending: Option<Arc<admission::Pending>>,
+    /// The connection's share and place ([`Held`]); tunnels and upgraded connections
+    /// keep a clone, so they count until they close. `None` inside an inspected
+    /// connection, whose tunnel holds them.
+    pub held: Option<Arc<Held>>,
     /// Inside an inspected connection (TLS terminated by the gateway): the sandbox that
     /// opened it, which every request on it is.
     pub identity: Option<crate::auth::Identity>,
@@ -107,14 +110,13 @@ impl std::fmt::Debug for ConnInfo {
 /// sandbox holds).
 #[derive(Clone)]
 pub struct Place {
-    _slot: Option<Slot>,
-    _share: Option<Arc<admission::Pending>>,
+    _held: Option<Arc<Held>>,
 }
 
 impl ConnInfo {
     /// What a tunnel started on this connection keeps of it ([`Place`]).
     pub fn place(&self) -> Place {
-        Place { _slot: self.slot.clone(), _share: self.pending.clone() }
+        Place { _held: self.held.clone() }
     }
 
     /// A request on this connection was authorized (identity, policy and limits) for
@@ -122,8 +124,8 @@ impl ConnInfo {
     /// share, and counts for the sandbox instead. A request the policy refuses does not
     /// count: refused requests cost nothing and would otherwise let one sandbox hold
     /// connections for free. `false`: the sandbox holds its share of connections.
-    pub fn authorized(&self, sandbox: &str) -> bool {
-        self.pending.as_ref().is_none_or(|p| p.authorized(sandbox))
+    pub fn authorized(&self, sandbox: &Arc<str>) -> bool {
+        self.held.as_ref().is_none_or(|h| h.share.authorized(sandbox))
     }
 }
 

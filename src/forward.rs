@@ -61,7 +61,7 @@ pub async fn handle(
     };
     // Only a refused request that never parsed needs its raw target recorded.
     let refuse = |rec: &mut AccessRecord, hint: &str| {
-        rec.target = raw_target(&req.uri().to_string());
+        rec.target = raw_target(&req.uri().to_string()).into();
         reject(rec, DenyReason::BadRequest, hint)
     };
 
@@ -80,7 +80,7 @@ pub async fn handle(
         Ok(t) => t,
         Err(e) => return refuse(&mut rec, &format!("invalid URL authority: {e}")),
     };
-    rec.target = target.to_string();
+    rec.target = crate::access_log::Text::display(&target);
 
     let identity = match door::identified(door, &state, conn, Presented::proxy(req.headers())) {
         Ok(i) => i,
@@ -95,7 +95,7 @@ pub async fn handle(
         Subject::Host(target.clone())
     };
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
-        Ok(a) => a.hold,
+        Ok(a) => Arc::new(a.hold),
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };
     // Placeholder secrets are replaced only inside inspected TLS: over plain HTTP one is

@@ -122,7 +122,6 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         config,
         resolver,
         tasks: TaskTracker::new(),
-        hard_stop: CancellationToken::new(),
         registry: Default::default(),
         limits,
         route_budgets,
@@ -351,7 +350,7 @@ impl Gateway {
         };
         if !finished {
             tracing::warn!(in_flight = shared.tasks.len(), "drain ended early; closing what is left");
-            shared.hard_stop.cancel();
+            shared.registry.end_all();
             let _ = tokio::time::timeout(Duration::from_secs(2), shared.tasks.wait()).await;
         }
         expiry.abort();

@@ -374,7 +374,7 @@ impl PolicyBuilder {
             RuleList::GitPush => self.policy.git.add_push(text, idx)?,
             _ => self.policy.git.add_repo(text, idx)?,
         }
-        self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
+        self.policy.rules.push(RuleSource::new(list, text, location));
         Ok(())
     }
 
@@ -382,11 +382,7 @@ impl PolicyBuilder {
     /// and path prefixes its `[[routes]]` entry allows (empty: any).
     pub fn add_route(&mut self, name: &str, methods: &[String], paths: &[String], location: &str) {
         let rule = self.policy.rules.len();
-        self.policy.rules.push(RuleSource {
-            text: name.to_string(),
-            list: RuleList::Routes,
-            location: location.to_string(),
-        });
+        self.policy.rules.push(RuleSource::new(RuleList::Routes, name, location));
         self.policy.routes.push(RouteRule {
             name: name.to_string(),
             methods: methods.to_vec(),
@@ -404,11 +400,7 @@ impl PolicyBuilder {
     /// refuses, on any port.
     pub fn allow_all(&mut self, location: &str) {
         let idx = self.policy.rules.len();
-        self.policy.rules.push(RuleSource {
-            text: "allow_all".to_string(),
-            list: RuleList::AllowAll,
-            location: location.to_string(),
-        });
+        self.policy.rules.push(RuleSource::new(RuleList::AllowAll, "allow_all", location));
         self.policy.allow_all = Some(idx);
     }
 
@@ -416,7 +408,7 @@ impl PolicyBuilder {
     pub fn add_peer(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), String> {
         let idx = self.policy.rules.len();
         let pattern = peers::PeerPattern::new(text, idx)?;
-        self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
+        self.policy.rules.push(RuleSource::new(list, text, location));
         match list {
             RuleList::AcceptFrom => self.policy.accept_from.push(pattern),
             _ => self.policy.peers.push(pattern),
@@ -433,11 +425,7 @@ impl PolicyBuilder {
     pub fn add_request(&mut self, spec: &requests::RequestSpec<'_>, location: &str) -> Result<(), (String, String)> {
         let idx = self.policy.rules.len();
         let compiled = requests::RequestRule::compile(spec, idx)?;
-        self.policy.rules.push(RuleSource {
-            text: requests::describe(spec),
-            list: RuleList::Requests,
-            location: location.to_string(),
-        });
+        self.policy.rules.push(RuleSource::new(RuleList::Requests, &requests::describe(spec), location));
         self.policy.requests.push(compiled);
         Ok(())
     }
@@ -452,7 +440,7 @@ impl PolicyBuilder {
     pub fn add(&mut self, list: RuleList, text: &str, location: &str) -> Result<(), RuleError> {
         let rule = parse_rule(text)?;
         let idx = self.policy.rules.len();
-        self.policy.rules.push(RuleSource { text: text.to_string(), list, location: location.to_string() });
+        self.policy.rules.push(RuleSource::new(list, text, location));
         let set = match list {
             RuleList::Deny => &mut self.policy.deny,
             RuleList::Inspect => &mut self.policy.inspect,
@@ -582,7 +570,7 @@ mod tests {
     fn decide(p: &Policy, target: &str) -> (&'static str, Option<DenyReason>, Option<String>) {
         let t = parse_authority(target, None).unwrap();
         let d = p.decide(&t);
-        (d.outcome().as_str(), d.reason(), d.rule().map(|r| r.text.clone()))
+        (d.outcome().as_str(), d.reason(), d.rule().map(|r| r.text.to_string()))
     }
 
     #[test]

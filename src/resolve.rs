@@ -155,13 +155,13 @@ impl Resolver {
     }
 
     /// All addresses for `host`, unvetted. IP literals resolve to themselves.
-    pub async fn resolve(&self, host: &Host) -> Result<Vec<IpAddr>, DialError> {
+    pub async fn resolve(&self, host: &Host) -> Result<Ips, DialError> {
         let name = match host {
-            Host::Ip(ip) => return Ok(vec![*ip]),
+            Host::Ip(ip) => return Ok(smallvec::smallvec![*ip]),
             Host::Name(n) => n,
         };
         if let Some(ips) = self.hosts.get(name) {
-            return Ok(ips.clone());
+            return Ok(ips.iter().copied().collect());
         }
         // Fully qualified, so search domains never apply.
         let fqdn = format!("{name}.");
@@ -169,7 +169,7 @@ impl Resolver {
             .await
             .map_err(|_| DialError::ResolveFailed("resolution timed out".to_string()))?
             .map_err(|e| DialError::ResolveFailed(e.to_string()))?;
-        let ips: Vec<IpAddr> = lookup.iter().collect();
+        let ips: Ips = lookup.iter().collect();
         if ips.is_empty() {
             return Err(DialError::ResolveFailed("no addresses".to_string()));
         }
@@ -177,13 +177,15 @@ impl Resolver {
     }
 
     /// The addresses of `target` that the egress filter lets through, canonicalised.
-    pub async fn vetted(&self, target: &Target) -> Result<Vec<SocketAddr>, DialError> {
+    pub async fn vetted(&self, target: &Target) -> Result<Addrs, DialError> {
         // A peer name is never looked up in DNS, and its address is not vetted against
         // egress.deny: the front door authorized this very peer (both policies agree).
         if let (Some(lookup), Host::Name(name)) = (self.peers.get(), &target.host)
             && let Some(peer) = lookup(name)
         {
-            return peer.map(|ip| vec![SocketAddr::new(ip, target.port)]).map_err(DialError::ResolveFailed);
+            return peer
+                .map(|ip| smallvec::smallvec![SocketAddr::new(ip, target.port)])
+                .map_err(DialError::ResolveFailed);
         }
         let ips = self.resolve(&target.host).await?;
         let mut addrs = vet_all(&self.filter, &ips, target.port)?;
@@ -216,13 +218,19 @@ impl Resolver {
                 Ok(Err(e)) => return Err(DialError::Unreachable(e)),
                 Err(_) => return Err(DialError::Timeout),
             },
-            _ => race(happy_eyeballs_order(addrs), deadline).await?,
+            _ => race(happy_eyeballs_order(addrs.into_vec()), deadline).await?,
         };
         let _ = stream.set_nodelay(true);
         set_keepalive(&stream, self.keepalive);
         Ok((stream, addr))
     }
 }
+
+/// A host's addresses: one or two (an IP literal, a peer, a dual-stack name) without
+/// an allocation.
+pub type Ips = smallvec::SmallVec<[IpAddr; 2]>;
+/// Vetted addresses to dial, inline like [`Ips`].
+pub type Addrs = smallvec::SmallVec<[SocketAddr; 2]>;
 
 /// How long an attempt has before the next address is tried beside it (RFC 8305's
 /// recommended Connection Attempt Delay).
@@ -295,9 +303,9 @@ pub fn is_own(own: &[SocketAddr], addr: SocketAddr) -> bool {
 }
 
 /// Vets every address; an empty result names the first refused one.
-pub fn vet_all(filter: &EgressFilter, ips: &[IpAddr], port: u16) -> Result<Vec<SocketAddr>, DialError> {
+pub fn vet_all(filter: &EgressFilter, ips: &[IpAddr], port: u16) -> Result<Addrs, DialError> {
     let mut first_denied = None;
-    let mut ok = Vec::with_capacity(ips.len());
+    let mut ok = Addrs::with_capacity(ips.len());
     for ip in ips {
         match filter.vet(*ip) {
             Ok(ip) => ok.push(SocketAddr::new(ip, port)),
@@ -375,7 +383,7 @@ mod tests {
         let f = EgressFilter::builtin();
         let ips: Vec<IpAddr> =
             ["10.0.0.1", "93.184.215.14", "::ffff:169.254.169.254"].iter().map(|s| s.parse().unwrap()).collect();
-        assert_eq!(vet_all(&f, &ips, 443).unwrap(), vec!["93.184.215.14:443".parse().unwrap()]);
+        assert_eq!(vet_all(&f, &ips, 443).unwrap().as_slice(), ["93.184.215.14:443".parse().unwrap()]);
         let e = vet_all(&f, &ips[..1], 443).unwrap_err();
         assert_eq!(e.reason(), DenyReason::AddressDenied);
         assert!(e.to_string().contains("10.0.0.1 in 10.0.0.0/8"), "{e}");

@@ -96,7 +96,7 @@ pub async fn handle(
     let Some(first) = candidates.first() else {
         return finish(&mut rec, DenyReason::BadRequest, None, "no such route", entry);
     };
-    rec.target = format!("route:{}", first.name);
+    rec.target = format!("route:{}", first.name).into();
 
     // An origin-form path names one route; several routes may share a host, and the
     // route is then the first the sandbox's policy lists: identify first.
@@ -106,10 +106,10 @@ pub async fn handle(
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
     let route = identity.policy.routes().find_map(|name| candidates.iter().find(|r| r.name == name)).unwrap_or(first);
-    rec.target = format!("route:{}", route.name);
+    rec.target = format!("route:{}", route.name).into();
     let subject = Subject::Route { route: route.name.clone(), method: method.clone(), path: upstream_path.clone() };
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
-        Ok(a) => a.hold,
+        Ok(a) => Arc::new(a.hold),
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
     let head =

@@ -123,17 +123,17 @@ pub async fn serve(
     let target = match addr::parse_authority(&format!("{name}:{port}"), None) {
         Ok(t @ Target { host: Host::Name(_), .. }) => t,
         Ok(_) => {
-            rec.target = crate::access_log::raw_target(&name);
+            rec.target = crate::access_log::raw_target(&name).into();
             let hint = "the client named an IP address, not a host: transparent mode decides host names";
             return refuse(&mut stream, &mut rec, listener, Refusal::new(DenyReason::BadRequest, hint)).await;
         }
         Err(e) => {
-            rec.target = crate::access_log::raw_target(&name);
+            rec.target = crate::access_log::raw_target(&name).into();
             let hint = format!("the client named an invalid host: {e}");
             return refuse(&mut stream, &mut rec, listener, Refusal::new(DenyReason::BadRequest, hint)).await;
         }
     };
-    rec.target = target.to_string();
+    rec.target = crate::access_log::Text::display(&target);
 
     let identity = match door::identify_by_address(&state, &conn, cfg.sandbox.as_deref()) {
         Ok(i) => i,
@@ -151,8 +151,10 @@ pub async fn serve(
     {
         rec.status = 200;
         let _active = crate::metrics::ActiveGuard::tunnel();
+        // The connection goes on counting for its sandbox while it is inspected.
+        let _place = conn.place();
         let cancel = authorized.hold.registration().token().clone();
-        let inner = ConnInfo { identity: Some(authorized.identity), pending: None, ..conn };
+        let inner = ConnInfo { identity: Some(authorized.identity), held: None, ..conn };
         let io: Box<dyn door::Io> = Box::new(Replayed { head: early, at: 0, inner: stream });
         inspector.serve(io, door::Inspected { target, conn: inner, cancel }).await;
         rec.emit();
@@ -273,7 +275,7 @@ async fn refuse(stream: &mut TcpStream, rec: &mut AccessRecord, listener: Listen
         }
         Listener::Http => {
             let denial = Denial {
-                target: Some(&rec.target),
+                target: Some(&*rec.target),
                 sandbox: rec.sandbox.as_deref(),
                 policy: rec.policy.as_deref(),
                 rule: rule.as_deref(),

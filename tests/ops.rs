@@ -227,6 +227,28 @@ fn sigterm_drains_in_flight_downloads() {
 }
 
 #[test]
+fn a_tunnel_still_open_when_the_drain_times_out_is_ended_and_logged() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG
+        .replace("[drain]\ndelay = \"0s\"\ntimeout = \"2s\"", "[drain]\ndelay = \"0s\"\ntimeout = \"1s\"");
+    let mut gw = TestGateway::start(&config, &standard_policy());
+    let mut tunnel = raw::connect(gw.addr);
+    let req = format!(
+        "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    tunnel.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
+    gw.signal("TERM");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "drain ended early; closing what is left");
+    // Ended by the gateway, not by its exit: the tunnel's task finishes and logs it.
+    let rec = gw.wait_for_log(Duration::from_secs(3), |v| v["log"] == "access" && v["kind"] == "connect");
+    assert_eq!(rec["status"], 200, "{rec}");
+    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
 fn per_sandbox_limits_answer_429_and_spare_other_sandboxes() {
     use std::io::Read;
     let origin = TestOrigin::http();

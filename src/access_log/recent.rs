@@ -20,7 +20,7 @@ pub struct Refused {
     pub kind: &'static str,
     pub target: String,
     pub reason: Option<&'static str>,
-    pub rule: Option<String>,
+    pub rule: Option<std::sync::Arc<str>>,
     pub budget: Option<String>,
 }
 
@@ -30,7 +30,7 @@ pub(super) fn remember(sandbox: &str, rec: &AccessRecord) {
     let entry = Refused {
         ts: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
         kind: rec.kind.as_str(),
-        target: rec.target.clone(),
+        target: rec.target.to_string(),
         reason: rec.reason,
         rule: rec.rule.clone(),
         budget: rec.budget.clone(),

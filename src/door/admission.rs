@@ -31,7 +31,7 @@ pub struct Admission {
     clients: Mutex<HashMap<IpAddr, Client>>,
     /// Connections one sandbox may hold once authorized (0: no cap).
     max_per_sandbox: usize,
-    sandboxes: Mutex<HashMap<String, usize>>,
+    sandboxes: Mutex<HashMap<Arc<str>, usize>>,
 }
 
 /// A connection that has not authenticated yet; counts against its address until it
@@ -41,7 +41,7 @@ pub struct Pending {
     ip: IpAddr,
     done: AtomicBool,
     /// The sandbox this connection counts for, once a request on it is authorized.
-    sandbox: Mutex<Option<String>>,
+    sandbox: Mutex<Option<Arc<str>>>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -64,15 +64,14 @@ impl Pending {
     /// unauthenticated and starts counting for the sandbox. `false` when the sandbox
     /// already holds `proxy.sandbox_max_connections` connections (the request is then
     /// refused; the connection stays unauthenticated).
-    pub fn authorized(&self, sandbox: &str) -> bool {
+    pub fn authorized(&self, sandbox: &Arc<str>) -> bool {
         let mut counted = self.sandbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if counted.is_none() {
             if !self.admission.take_sandbox_slot(sandbox) {
                 return false;
             }
-            // Without a cap there is no slot to give back: nothing to name (or allocate).
-            let name = if self.admission.max_per_sandbox == 0 { String::new() } else { sandbox.to_string() };
-            *counted = Some(name);
+            // The identity's own name, shared: no allocation.
+            *counted = Some(sandbox.clone());
         }
         drop(counted);
         self.authenticated();
@@ -108,16 +107,13 @@ impl Admission {
         }
     }
 
-    fn take_sandbox_slot(&self, sandbox: &str) -> bool {
+    fn take_sandbox_slot(&self, sandbox: &Arc<str>) -> bool {
         if self.max_per_sandbox == 0 {
             return true;
         }
         let mut s = self.sandboxes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // A sandbox already counted needs no new key.
-        let n = match s.get_mut(sandbox) {
-            Some(n) => n,
-            None => s.entry(sandbox.to_string()).or_insert(0),
-        };
+        let n = s.entry(sandbox.clone()).or_insert(0);
         if *n >= self.max_per_sandbox {
             return false;
         }
@@ -255,14 +251,17 @@ mod tests {
     fn one_sandbox_holds_at_most_its_connections() {
         let a = Arc::new(Admission::with_sandbox_cap(0, 0, 2));
         let ip: IpAddr = [10, 0, 0, 1].into();
+        let (s, other): (Arc<str>, Arc<str>) = ("s".into(), "other".into());
         let (c1, c2, c3) = (a.admit(ip).unwrap(), a.admit(ip).unwrap(), a.admit(ip).unwrap());
-        assert!(c1.authorized("s") && c1.authorized("s"), "a connection counts once");
-        assert!(c2.authorized("s"));
-        assert!(!c3.authorized("s"), "a third connection for the sandbox");
-        assert!(c3.authorized("other"), "another sandbox is not affected");
+        assert!(c1.authorized(&s) && c1.authorized(&s), "a connection counts once");
+        assert!(c2.authorized(&s));
+        assert!(!c3.authorized(&s), "a third connection for the sandbox");
+        assert!(c3.authorized(&other), "another sandbox is not affected");
         drop(c1);
         let c4 = a.admit(ip).unwrap();
-        assert!(c4.authorized("s"), "a closed connection frees its place");
+        assert!(c4.authorized(&s), "a closed connection frees its place");
+        drop((c2, c3, c4));
+        assert!(a.sandboxes.lock().unwrap().is_empty(), "nothing is remembered once all closed");
     }
 
     #[test]

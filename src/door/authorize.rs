@@ -2,8 +2,6 @@
 //! under shadow policies), report mode, limits, and the registration that lets reload
 //! and expiry sweeps end what the new state refuses.
 
-use std::sync::Arc;
-
 use super::identify::{AUTH_HINT, Presented, identify};
 use super::record::Refusal;
 use super::registry::Hold;
@@ -22,7 +20,7 @@ pub struct Authorized {
     pub identity: Identity,
     /// Its registration and concurrency slot, held by whatever carries the request on
     /// (a tunnel task, request and response bodies) for as long as it lives.
-    pub hold: Arc<Hold>,
+    pub hold: Hold,
     /// Allowed only because the policy inspects the host: an entry path that does not
     /// inspect it must refuse it ([`Authorized::opaque_refusal`]).
     pub by_inspect: bool,
@@ -133,7 +131,7 @@ pub fn authorize_as(
     };
     // Registered before any I/O on its behalf (a dial, a body read): a sweep while the
     // client stretches those ends it like any open connection.
-    let registration = door.registry.register(&identity, subject, door.hard_stop.child_token());
+    let registration = door.registry.register(&identity, subject);
     // A reload that swapped in a newer state after this request took its snapshot has
     // swept without seeing it: judge it under the newest state now. (A reload after
     // the registration sees it in its sweep.)

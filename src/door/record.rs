@@ -17,7 +17,7 @@ pub struct Refusal {
     /// What to do instead, or the specific detail.
     pub hint: Option<String>,
     /// The policy rule that refused it, as the access log names rules.
-    pub rule: Option<String>,
+    pub rule: Option<std::sync::Arc<str>>,
     /// A status other than the reason's own (`403` for a refused route method, say).
     pub status: Option<StatusCode>,
     /// The budget or limit spent, and the seconds until it has room (`Retry-After`).
@@ -54,7 +54,7 @@ pub fn refuse(rec: &mut AccessRecord, refusal: Refusal, entry: Entry) -> Respons
     let mut resp = respond::deny(
         reason,
         &Denial {
-            target: Some(&rec.target),
+            target: Some(&*rec.target),
             sandbox: rec.sandbox.as_deref(),
             policy: rec.policy.as_deref(),
             rule: rule.as_deref(),
@@ -100,7 +100,7 @@ pub fn refuse_as(
 pub fn recorded(
     rec: &mut AccessRecord,
     reason: DenyReason,
-    rule: Option<String>,
+    rule: Option<std::sync::Arc<str>>,
     resp: Response<ProxyBody>,
 ) -> Response<ProxyBody> {
     record_refusal(rec, reason, rule, resp.status().as_u16());
@@ -109,7 +109,7 @@ pub fn recorded(
 
 /// Records a refusal answered outside HTTP (a transparent TLS client's alert), with
 /// the HTTP status it stands for.
-pub fn record_refusal(rec: &mut AccessRecord, reason: DenyReason, rule: Option<String>, status: u16) {
+pub fn record_refusal(rec: &mut AccessRecord, reason: DenyReason, rule: Option<std::sync::Arc<str>>, status: u16) {
     rec.decision = Outcome::Deny;
     rec.reason = Some(reason.code());
     rec.rule = rule;

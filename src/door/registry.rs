@@ -36,6 +36,8 @@ type Open = Mutex<HashMap<u64, Entry>>;
 pub struct Registry {
     next: AtomicU64,
     open: Arc<Open>,
+    /// Set by [`Registry::end_all`]: what registers after it is ended at once.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 /// Removes its connection from the registry when dropped; [`Registration::cancelled`]
@@ -89,9 +91,11 @@ pub const ENDED_HINT: &str =
     "the credential or policy changed while this request was being set up, and no longer allows it";
 
 impl Registry {
-    /// Records a live connection authorized for `identity` to reach `subject`; `cancel`
-    /// (a child of the shutdown token, say) is cancelled to end it.
-    pub fn register(&self, identity: &Identity, subject: Subject, cancel: CancellationToken) -> Registration {
+    /// Records a live connection authorized for `identity` to reach `subject`. Its token
+    /// is its own, not a child of a shared one: registering takes no lock but the
+    /// registry's, and [`Registry::end_all`] reaches every connection through the table.
+    pub fn register(&self, identity: &Identity, subject: Subject) -> Registration {
+        let cancel = CancellationToken::new();
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
             sandbox: identity.sandbox.clone(),
@@ -102,10 +106,23 @@ impl Registry {
             also: Vec::new(),
             cancel: cancel.clone(),
         };
-        if let Ok(mut open) = self.open.lock() {
-            open.insert(id, entry);
+        match self.open.lock() {
+            // Checked under the lock `end_all` takes after setting it: either this sees
+            // it set, or `end_all` sees this entry.
+            Ok(mut open) if !self.ended.load(Ordering::SeqCst) => {
+                open.insert(id, entry);
+            }
+            _ => cancel.cancel(),
         }
         Registration { open: self.open.clone(), id, cancel }
+    }
+
+    /// Ends every live connection, and any registered from now on: in-flight work must
+    /// stop (the drain's grace period is over).
+    pub fn end_all(&self) -> usize {
+        self.ended.store(true, Ordering::SeqCst);
+        let Ok(open) = self.open.lock() else { return 0 };
+        open.values().filter(|e| !e.cancel.is_cancelled()).inspect(|e| e.cancel.cancel()).count()
     }
 
     pub fn len(&self) -> usize {
@@ -260,8 +277,8 @@ impl Hold {
         registration: Registration,
         permit: super::limits::Permit,
         meter: Option<Arc<crate::budget::Meter>>,
-    ) -> Arc<Hold> {
-        Arc::new(Hold { registration, _permit: permit, meter })
+    ) -> Hold {
+        Hold { registration, _permit: permit, meter }
     }
 
     pub fn registration(&self) -> &Registration {

@@ -142,8 +142,7 @@ fn run(data: &[u8]) -> Vec<(Target, SocketAddr)> {
             peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
             vpce: None,
             client_cn: None,
-            slot: None,
-            pending: None,
+            held: None,
             identity: None,
         };
         let serve = crate::proxy::server::serve_stream(server, conn, h.shared.clone(), CancellationToken::new(), true);

@@ -74,7 +74,7 @@ pub async fn handle(
             return finish(&mut rec, DenyReason::BadRequest, Some(status), &e.to_string(), entry);
         }
     };
-    rec.target = format!("{}/{}", gh.web_host, git.full_name());
+    rec.target = format!("{}/{}", gh.web_host, git.full_name()).into();
 
     let write = git.service.is_write();
     let subject =
@@ -105,7 +105,7 @@ pub async fn handle(
         }
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
-    let (identity, hold) = (authorized.identity, authorized.hold);
+    let (identity, hold) = (authorized.identity, Arc::new(authorized.hold));
     let head =
         crate::door::bodies::charge_head(&hold, Dir::Up, crate::door::bodies::request_line_len(&req), req.headers());
     if let Err(refusal) = head {
@@ -150,7 +150,7 @@ pub async fn handle(
             first_refusal.get_or_insert((u.refname.clone(), hint));
         }
         if let Some((refname, hint)) = first_refusal {
-            rec.rule = Some(refname);
+            rec.rule = Some(refname.into());
             drain(rest, idle).await;
             let (body, content_type) =
                 if commands.has_capability("report-status") || commands.has_capability("report-status-v2") {

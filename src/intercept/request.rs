@@ -167,7 +167,7 @@ pub async fn handle(
         headers: crate::door::headers::rule_headers(&parts.headers),
     };
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity.clone(), subject) {
-        Ok(a) => a.hold,
+        Ok(a) => Arc::new(a.hold),
         Err(refusal) => {
             drain_rest(body.take(), door).await;
             return door::refuse(&mut rec, refusal, Entry::Absolute);

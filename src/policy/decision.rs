@@ -157,22 +157,31 @@ impl RuleList {
 /// A policy rule as written, with where it was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSource {
-    pub text: String,
+    /// Shared: a host or git rule's record names it by this very text.
+    pub text: std::sync::Arc<str>,
     pub list: RuleList,
     /// `file:line` where the rule is defined (empty for built-in policies).
     pub location: String,
+    /// How the access log names a rule of the lists it does not name by text, made
+    /// once when the policy is loaded.
+    logged: Option<std::sync::Arc<str>>,
 }
 
 impl RuleSource {
-    /// The rule as the access log names it: a host or git rule by its text, a route
-    /// as `routes "NAME"`.
-    pub fn logged(&self) -> String {
-        match self.list {
+    pub fn new(list: RuleList, text: &str, location: &str) -> Self {
+        let logged = match list {
             RuleList::Routes | RuleList::Peers | RuleList::AcceptFrom | RuleList::Inspect | RuleList::Requests => {
-                self.to_string()
+                Some(format!("{} {text:?}", list.key()).into())
             }
-            _ => self.text.clone(),
-        }
+            _ => None,
+        };
+        RuleSource { text: text.into(), list, location: location.to_string(), logged }
+    }
+
+    /// The rule as the access log names it: a host or git rule by its text, a route
+    /// as `routes "NAME"`. Shared: a decision's record takes no allocation for it.
+    pub fn logged(&self) -> std::sync::Arc<str> {
+        self.logged.as_ref().unwrap_or(&self.text).clone()
     }
 }
 

@@ -48,7 +48,7 @@ pub fn explain(sandbox: &str, policy: &Policy, narrow: Option<&[String]>, subjec
         target: subject.to_string(),
         decision: decision.outcome(),
         reason: decision.reason().map(DenyReason::code),
-        rule: decision.rule().map(|r| r.text.clone()),
+        rule: decision.rule().map(|r| r.text.to_string()),
         rule_list: decision.rule().map(|r| r.list.key()),
         rule_location: decision.rule().map(|r| r.location.clone()).filter(|l| !l.is_empty()),
         hint: decision.reason().and_then(|r| hint(policy, r, subject, &decision)),

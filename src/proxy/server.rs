@@ -21,7 +21,7 @@ use super::proxy_protocol::{self, Detect};
 use super::{Shared, handle};
 use crate::access_log::{AccessRecord, Kind};
 use crate::config::ProxyProtocol;
-use crate::door::{ConnInfo, respond};
+use crate::door::{ConnInfo, Held, respond};
 use crate::policy::DenyReason;
 
 /// A connection's place: under `proxy.max_connections`, in its thread's count and in
@@ -88,7 +88,7 @@ pub async fn serve(
         let (shared, shutdown) = (shared.clone(), shutdown.clone());
         let Some((placement, me)) = &place else {
             let slot = Slot { _permit: permit, _load: None, _active: crate::metrics::ActiveGuard::connection() };
-            shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, slot, shared, shutdown)).await });
+            shared.tasks.clone().spawn(connection(stream, peer, slot, shared, shutdown));
             continue;
         };
         let to = placement.pick(*me);
@@ -98,10 +98,7 @@ pub async fn serve(
             _active: crate::metrics::ActiveGuard::connection(),
         };
         if to == *me {
-            // The connection's state lives in a box freed when hyper lets go of the
-            // connection; the task cell itself stays small, because a stale waker in the
-            // socket's registration can keep the cell alive for as long as a tunnel runs.
-            shared.tasks.clone().spawn(async move { Box::pin(connection(stream, peer, slot, shared, shutdown)).await });
+            shared.tasks.clone().spawn(connection(stream, peer, slot, shared, shutdown));
             continue;
         }
         // Another thread's reactor must own the socket: leave this one's, join that one's.
@@ -114,7 +111,7 @@ pub async fn serve(
         };
         let handoff = async move {
             match TcpStream::from_std(std_stream) {
-                Ok(stream) => Box::pin(connection(stream, peer, slot, shared, shutdown)).await,
+                Ok(stream) => connection(stream, peer, slot, shared, shutdown).await,
                 Err(e) => tracing::debug!(client_addr = %peer, error = %e, "handed-over connection lost"),
             }
         };
@@ -184,6 +181,12 @@ fn client_options_on_listener(listener: &TcpListener, keepalive: Duration) -> bo
 
 /// One admitted client connection: PROXY header and allow-list admission, the TLS
 /// handshake when configured, then hyper until the connection closes or is upgraded.
+///
+/// Spawned as it is: the fast path's CONNECT (`super::first_request`) runs in the task
+/// itself, which ends once the tunnel has its own task. Hyper's and the TLS path's
+/// state lives in a box freed when hyper lets go of the connection, because a stale
+/// waker that hyper leaves in the socket's registration can keep a task's cell alive
+/// for as long as a tunnel on the socket runs.
 async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut stream = stream;
     // A peer that is not a trusted proxy is held to its share before the PROXY header
@@ -207,34 +210,41 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc
                 None => return refuse_over_share(stream, conn.peer, conn.vpce.clone(), &shared).await,
             },
         };
-        conn.pending = Some(Arc::new(pending));
-        conn.slot = Some(Arc::new(slot));
+        conn.held = Some(Arc::new(Held { share: pending, place: slot }));
         match &shared.tls {
             None => {
                 // A client that sends its first byte just before the header-read
                 // timeout gets that timeout again from hyper: at most twice it, once.
                 let Some(stream) = super::first_request(stream, &conn, &shared, &shutdown).await else { return };
-                serve_connection(stream, conn, shared, shutdown).await
+                Box::pin(serve_connection(stream, conn, shared, shutdown)).await
             }
-            Some(tls) => {
-                let handshake =
-                    tokio::time::timeout(shared.config.proxy.header_read_timeout, tls.acceptor().accept(stream));
-                match handshake.await {
-                    Ok(Ok(tls_stream)) => {
-                        if shared.config.proxy.tls_client_cn_is_sandbox {
-                            conn.client_cn = super::tls::peer_cn(&tls_stream);
-                            if conn.client_cn.is_none() {
-                                tracing::debug!(client_addr = %conn.peer, "client certificate without a subject CN");
-                                return;
-                            }
-                        }
-                        serve_connection(tls_stream, conn, shared, shutdown).await
-                    }
-                    Ok(Err(e)) => tracing::debug!(client_addr = %conn.peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(client_addr = %conn.peer, "TLS handshake timed out"),
+            Some(tls) => Box::pin(tls_connection(stream, tls.acceptor(), conn, shared, shutdown)).await,
+        }
+    }
+}
+
+/// A connection on a TLS proxy listener: the handshake, then hyper.
+async fn tls_connection(
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    mut conn: ConnInfo,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    let handshake = tokio::time::timeout(shared.config.proxy.header_read_timeout, acceptor.accept(stream));
+    match handshake.await {
+        Ok(Ok(tls_stream)) => {
+            if shared.config.proxy.tls_client_cn_is_sandbox {
+                conn.client_cn = super::tls::peer_cn(&tls_stream);
+                if conn.client_cn.is_none() {
+                    tracing::debug!(client_addr = %conn.peer, "client certificate without a subject CN");
+                    return;
                 }
             }
+            serve_connection(tls_stream, conn, shared, shutdown).await
         }
+        Ok(Err(e)) => tracing::debug!(client_addr = %conn.peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(client_addr = %conn.peer, "TLS handshake timed out"),
     }
 }
 
@@ -256,7 +266,7 @@ pub(super) async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Sha
 async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
     if cfg.proxy_protocol == ProxyProtocol::Off {
-        return Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None, identity: None });
+        return Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None });
     }
     let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
     let reject = |why: &'static str| {
@@ -276,15 +286,14 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
                     peer: h.source.unwrap_or(peer),
                     vpce: h.vpce,
                     client_cn: None,
-                    slot: None,
-                    pending: None,
+                    held: None,
                     identity: None,
                 }),
                 Err(_) => reject("malformed_header"),
             }
         }
         (_, _, ProxyProtocol::Required) => reject("missing_header"),
-        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, slot: None, pending: None, identity: None }),
+        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None }),
     }
 }
 

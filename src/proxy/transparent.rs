@@ -72,7 +72,7 @@ pub async fn serve(
                     None => return over_share(conn.peer),
                 },
             };
-            conn.pending = Some(Arc::new(pending));
+            conn.held = Some(Arc::new(crate::door::Held { share: pending, place: () }));
             let inspector = shared
                 .intercept
                 .as_ref()
