@@ -145,6 +145,9 @@ fn gateway_files(d: &Path, allow: &str, policy_extra: &str, config_extra: &str) 
             r#"[proxy]
 listen = "127.0.0.1:{port}"
 max_connections = 30000
+# Every bench tunnel is one sandbox's: no per-sandbox cap (it would stop the idle
+# phase at 30000 / 16).
+sandbox_max_connections = 0
 threads = {threads}
 sandbox_max_concurrent = 0
 sandbox_max_per_second = 0
