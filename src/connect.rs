@@ -221,7 +221,9 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
                 let cancel = hold.registration().token().clone();
                 let meter = hold.meter().map(|m| &**m);
                 let out = match client.open().await {
-                    Some(Open::Upgraded(upgraded)) => relay(upgraded, upstream, idle, &cancel, meter).await,
+                    // Boxed: the fast path's tunnels (most of them) would otherwise all
+                    // carry room for this path's larger state, idle or not.
+                    Some(Open::Upgraded(upgraded)) => Box::pin(relay(upgraded, upstream, idle, &cancel, meter)).await,
                     Some(Open::Tcp(stream)) => relay::relay_tcp(stream, upstream, 0, idle, &cancel, meter).await,
                     None => relay::Outcome { up: 0, down: 0, end: relay::End::Error },
                 };
