@@ -185,7 +185,9 @@ async fn admit(
     };
     if let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target)) {
         rec.status = 200;
-        let inner = ConnInfo { identity: Some(authorized.identity), held: None, ..conn.clone() };
+        // The inner connection keeps the tunnel's share and place: a WebSocket inside it
+        // outlives the inspected connection's own task and must go on counting.
+        let inner = ConnInfo { identity: Some(authorized.identity), ..conn.clone() };
         return Ok(Next::Inspect(Box::new(Inspection { hold: authorized.hold, inner, target, inspector })));
     }
     if let Some(refusal) = authorized.opaque_refusal("intercept.never (or no [intercept]) keeps it a tunnel") {

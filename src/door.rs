@@ -86,8 +86,8 @@ pub struct ConnInfo {
     /// which must equal the authenticated sandbox id.
     pub client_cn: Option<String>,
     /// The connection's share and place ([`Held`]); tunnels and upgraded connections
-    /// keep a clone, so they count until they close. `None` inside an inspected
-    /// connection, whose tunnel holds them.
+    /// keep a clone, so they count until they close. Inside an inspected connection,
+    /// the outer connection's, so that a WebSocket upgraded inside it counts too.
     pub held: Option<Arc<Held>>,
     /// Inside an inspected connection (TLS terminated by the gateway): the sandbox that
     /// opened it, which every request on it is.

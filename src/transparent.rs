@@ -151,10 +151,10 @@ pub async fn serve(
     {
         rec.status = 200;
         let _active = crate::metrics::ActiveGuard::tunnel();
-        // The connection goes on counting for its sandbox while it is inspected.
-        let _place = conn.place();
         let cancel = authorized.hold.registration().token().clone();
-        let inner = ConnInfo { identity: Some(authorized.identity), held: None, ..conn };
+        // The connection goes on counting for its sandbox while it is inspected, and so
+        // does a WebSocket inside it, which outlives this task ([`ConnInfo::place`]).
+        let inner = ConnInfo { identity: Some(authorized.identity), ..conn };
         let io: Box<dyn door::Io> = Box::new(Replayed { head: early, at: 0, inner: stream });
         inspector.serve(io, door::Inspected { target, conn: inner, cancel }).await;
         rec.emit();

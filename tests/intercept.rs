@@ -78,6 +78,11 @@ policy = "b"
 }
 
 fn world() -> World {
+    world_with("")
+}
+
+/// With more `[proxy]` keys.
+fn world_with(proxy: &str) -> World {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = make_ca(dir.path());
     let origin_ca = TestCa::new(&["inspect.test", "evil.test", "pinned.test", "plain.test"]);
@@ -89,6 +94,7 @@ fn world() -> World {
 [proxy]
 header_read_timeout = "2s"
 connect_timeout = "2s"
+{proxy}
 
 [resolver]
 nameservers = ["127.0.0.1:9"]
@@ -329,6 +335,68 @@ print(got.decode())
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ping-through-inspection");
+}
+
+#[test]
+fn websockets_inside_inspected_connections_count_for_their_sandbox() {
+    // Two connections per sandbox. A WebSocket upgraded inside an inspected connection
+    // outlives that connection's own handling and must go on holding its place: with
+    // two open, a third CONNECT is refused.
+    let w = world_with("sandbox_max_connections = 2");
+    let script = r#"
+import socket, ssl, sys, base64, time
+gw, port, ca, token = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+host, p = gw.rsplit(":", 1)
+auth = base64.b64encode(("sbx-a:" + token).encode()).decode()
+
+def head_of(s):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        c = s.recv(1)
+        if not c:
+            break
+        head += c
+    return head
+
+def connect():
+    s = socket.create_connection((host, int(p)), timeout=10)
+    s.sendall(f"CONNECT inspect.test:{port} HTTP/1.1\r\nHost: inspect.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode())
+    return s, head_of(s)
+
+open_ws = []
+for i in range(2):
+    s, head = connect()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.set_alpn_protocols(["http/1.1"])
+    t = ctx.wrap_socket(s, server_hostname="inspect.test")
+    t.sendall(f"GET /ws HTTP/1.1\r\nHost: inspect.test:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".encode())
+    head = head_of(t)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    t.sendall(b"ping")
+    got = b""
+    while len(got) < 4:
+        got += t.recv(64)
+    open_ws.append(t)
+# The inspected connections' own handling has ended by now; only the WebSockets hold.
+time.sleep(0.5)
+s, head = connect()
+print(head.split(b"\r\n")[0].decode())
+for t in open_ws:
+    t.sendall(b"pong")
+    got = b""
+    while len(got) < 4:
+        got += t.recv(64)
+print("still open")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &w.gw.addr.to_string(), &w.origin.port().to_string(), w.gw_ca.to_str().unwrap(), TOKEN_A])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("HTTP/1.1 429"), "a third connection while two WebSockets are open: {stdout}");
+    assert!(stdout.contains("still open"), "{stdout}");
 }
 
 #[test]

@@ -35,8 +35,14 @@ struct Entry {
 type Open = Mutex<slab::Slab<Entry>>;
 
 /// The key of a registration that never entered the table (registered after
-/// [`Registry::end_all`], or with its lock poisoned): it finds and removes nothing.
+/// [`Registry::end_all`]): it finds and removes nothing.
 const NOT_HELD: usize = usize::MAX;
+
+/// The table, locked. A panic while it was held leaves entries that are still true:
+/// ending, sweeping and removing go on.
+fn table(open: &Open) -> std::sync::MutexGuard<'_, slab::Slab<Entry>> {
+    open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 #[derive(Default)]
 pub struct Registry {
@@ -55,9 +61,7 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Ok(mut open) = self.open.lock() {
-            open.try_remove(self.id);
-        }
+        table(&self.open).try_remove(self.id);
     }
 }
 
@@ -69,9 +73,7 @@ impl Registration {
     /// Adds to what the connection is held to (a push's refs, once read), so that a
     /// later sweep judges them too.
     pub fn hold_also(&self, more: impl IntoIterator<Item = Subject>) {
-        if let Ok(mut open) = self.open.lock()
-            && let Some(e) = open.get_mut(self.id)
-        {
+        if let Some(e) = table(&self.open).get_mut(self.id) {
             e.also.extend(more);
         }
     }
@@ -110,15 +112,16 @@ impl Registry {
             also: Vec::new(),
             cancel: cancel.clone(),
         };
-        let id = match self.open.lock() {
-            // Checked under the lock `end_all` takes after setting it: either this sees
-            // it set, or `end_all` sees this entry.
-            Ok(mut open) if !self.ended.load(Ordering::SeqCst) => open.insert(entry),
-            _ => {
-                cancel.cancel();
-                NOT_HELD
-            }
+        let mut open = table(&self.open);
+        // Checked under the lock `end_all` takes after setting it: either this sees it
+        // set, or `end_all` sees this entry.
+        let id = if self.ended.load(Ordering::SeqCst) {
+            cancel.cancel();
+            NOT_HELD
+        } else {
+            open.insert(entry)
         };
+        drop(open);
         Registration { open: self.open.clone(), id, cancel }
     }
 
@@ -126,12 +129,13 @@ impl Registry {
     /// stop (the drain's grace period is over).
     pub fn end_all(&self) -> usize {
         self.ended.store(true, Ordering::SeqCst);
-        let Ok(open) = self.open.lock() else { return 0 };
+        // A poisoned table still holds every entry: end them all anyway.
+        let open = table(&self.open);
         open.iter().map(|(_, e)| e).filter(|e| !e.cancel.is_cancelled()).inspect(|e| e.cancel.cancel()).count()
     }
 
     pub fn len(&self) -> usize {
-        self.open.lock().map_or(0, |o| o.len())
+        table(&self.open).len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -140,10 +144,12 @@ impl Registry {
 
     /// `sandbox`'s live connections: what each was authorized to reach.
     pub fn open_for(&self, sandbox: &str) -> Vec<String> {
-        self.open
-            .lock()
-            .map(|o| o.iter().map(|(_, e)| e).filter(|e| *e.sandbox == *sandbox).map(|e| e.held.to_string()).collect())
-            .unwrap_or_default()
+        table(&self.open)
+            .iter()
+            .map(|(_, e)| e)
+            .filter(|e| *e.sandbox == *sandbox)
+            .map(|e| e.held.to_string())
+            .collect()
     }
 
     /// Ends every connection whose credential `state` refuses, or whose destination
@@ -157,7 +163,7 @@ impl Registry {
     /// than `state`: a reload's sweep that ran between its decision and its
     /// registration did not see it.
     pub fn recheck(&self, registration: &Registration, state: &State) -> bool {
-        let Ok(open) = self.open.lock() else { return false };
+        let open = table(&self.open);
         let Some(e) = open.get(registration.id) else { return false };
         if allowed(state, e) {
             return true;
@@ -178,7 +184,7 @@ impl Registry {
     }
 
     fn close_where(&self, why: impl Fn(&Entry) -> Option<&'static str>) -> usize {
-        let Ok(open) = self.open.lock() else { return 0 };
+        let open = table(&self.open);
         let mut closed = 0;
         for (_, e) in open.iter() {
             if e.cancel.is_cancelled() {
