@@ -452,3 +452,92 @@ fn transparent_tls_to_an_inspected_host_is_inspected() {
     assert!(plain.body.contains("host_not_allowed") && plain.body.contains("inspect"), "{}", plain.body);
     assert_eq!(origin.recorded().len(), 1);
 }
+
+/// A WebSocket upgraded inside an inspected transparent connection outlives the task
+/// that accepted the connection; it keeps its place under `proxy.max_connections`, so
+/// with two open a third connection is not accepted.
+#[test]
+fn websockets_inside_inspected_transparent_connections_keep_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
+    let made = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["ca", "init", "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let ca = ca();
+    let origin = TestOrigin::https(&ca);
+    let config = format!(
+        "{}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+         https_port = {}\nhttp_port = {}\n[intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n\
+         upstream_ca_file = \"{}\"\n",
+        STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nmax_connections = 2\n"),
+        origin.port(),
+        origin.port(),
+        cert.display(),
+        key.display(),
+        ca.ca_pem_path.display()
+    );
+    let rules = "deny = [\"blocked.origin.test\"]\ninspect = [\"b-only.test:*\"]\n\
+                 [[policies.a.requests]]\nhost = \"b-only.test\"\nmethods = [\"GET\"]\npaths = [\"/ws\"]\naction = \"allow\"\n";
+    let policy = policy().replace("deny = [\"blocked.origin.test\"]\n", rules);
+    let gw = TestGateway::start(&config, &policy);
+    let listen = gw.transparent_addr("https");
+    let script = r#"
+import socket, ssl, sys, time
+port, ca = int(sys.argv[1]), sys.argv[2]
+
+def tls():
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx.wrap_socket(s, server_hostname="b-only.test")
+
+def head_of(t):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        c = t.recv(1)
+        if not c:
+            break
+        head += c
+    return head
+
+def echo(t, msg):
+    t.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        got += t.recv(64)
+    assert got == msg, got
+
+open_ws = []
+for i in range(2):
+    t = tls()
+    t.sendall(b"GET /ws HTTP/1.1\r\nHost: b-only.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    head = head_of(t)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    echo(t, b"ping")
+    open_ws.append(t)
+# The accepting tasks have ended by now; only the WebSockets hold the places.
+time.sleep(0.5)
+try:
+    t = tls()
+    t.sendall(b"GET /ws HTTP/1.1\r\nHost: b-only.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    print("third:", head_of(t).split(b"\r\n")[0].decode() or "closed")
+except (ssl.SSLError, OSError) as e:
+    print("third: refused", type(e).__name__)
+for t in open_ws:
+    echo(t, b"pong")
+print("still open")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &listen.port().to_string(), cert.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("third: refused") || stdout.contains("third: closed"),
+        "a third connection while two WebSockets hold both places: {stdout}"
+    );
+    assert!(stdout.contains("still open"), "{stdout}");
+}

@@ -49,8 +49,7 @@ pub async fn serve(
         crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
         let (shared, cfg) = (shared.clone(), cfg.clone());
         shared.tasks.clone().spawn(async move {
-            let _permit = permit;
-            let _active = crate::metrics::ActiveGuard::connection();
+            let active = crate::metrics::ActiveGuard::connection();
             // As on the proxy port: a peer that is not a trusted proxy is held to its
             // address's share before the PROXY header wait, so one address cannot hold
             // every slot by sending nothing.
@@ -72,7 +71,9 @@ pub async fn serve(
                     None => return over_share(conn.peer),
                 },
             };
-            conn.held = Some(Arc::new(crate::door::Held { share: pending, place: () }));
+            // The place under `proxy.max_connections` goes into what the connection holds,
+            // so a tunnel or a WebSocket that outlives this task keeps it.
+            conn.held = Some(Arc::new(crate::door::Held { share: pending, place: (permit, active) }));
             let inspector = shared
                 .intercept
                 .as_ref()
