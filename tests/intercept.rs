@@ -301,6 +301,17 @@ fn pinned_hosts_in_never_stay_opaque_tunnels() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+/// Runs a Python script with the gateway's address, the origin's port, the gateway's
+/// CA and sbx-a's token as its arguments; it must succeed. Its standard output.
+fn python_through(w: &World, script: &str) -> String {
+    let out = Command::new("python3")
+        .args(["-c", script, &w.gw.addr.to_string(), &w.origin.port().to_string(), w.gw_ca.to_str().unwrap(), TOKEN_A])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn websocket_upgrades_through_an_inspected_host() {
     let w = world();
@@ -329,12 +340,7 @@ while len(got) < 23:
     got += t.recv(64)
 print(got.decode())
 "#;
-    let out = Command::new("python3")
-        .args(["-c", script, &w.gw.addr.to_string(), &w.origin.port().to_string(), w.gw_ca.to_str().unwrap(), TOKEN_A])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ping-through-inspection");
+    assert_eq!(python_through(&w, script).trim(), "ping-through-inspection");
 }
 
 #[test]
@@ -389,12 +395,7 @@ for t in open_ws:
         got += t.recv(64)
 print("still open")
 "#;
-    let out = Command::new("python3")
-        .args(["-c", script, &w.gw.addr.to_string(), &w.origin.port().to_string(), w.gw_ca.to_str().unwrap(), TOKEN_A])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = python_through(&w, script);
     assert!(stdout.starts_with("HTTP/1.1 429"), "a third connection while two WebSockets are open: {stdout}");
     assert!(stdout.contains("still open"), "{stdout}");
 }

@@ -396,11 +396,17 @@ fn overlapping_address_claims_are_a_load_error_naming_both() {
     assert!(err.contains("transparent.https_listen") && err.contains("loopback"), "{err}");
 }
 
-/// A TLS connection to a host the policy inspects is inspected, as a CONNECT would be:
-/// its requests are decided by request rules. The plain-HTTP listener, which does not
-/// inspect, refuses a host listed only in `inspect`: a tunnel would skip every rule.
-#[test]
-fn transparent_tls_to_an_inspected_host_is_inspected() {
+/// A gateway with its CA made by `ca init`, transparent listeners dialling an HTTPS
+/// origin, and sbx-a's policy inspecting `b-only.test`, where it may `GET` `path`.
+/// `proxy` adds `[proxy]` keys.
+struct Inspecting {
+    gw: TestGateway,
+    cert: std::path::PathBuf,
+    origin: TestOrigin,
+    _dir: tempfile::TempDir,
+}
+
+fn inspecting(proxy: &str, path: &str) -> Inspecting {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
     let made = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
@@ -411,19 +417,31 @@ fn transparent_tls_to_an_inspected_host_is_inspected() {
     let ca = ca();
     let origin = TestOrigin::https(&ca);
     let config = format!(
-        "{STANDARD_CONFIG}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+        "{}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
          https_port = {}\nhttp_port = {}\n[intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n\
          upstream_ca_file = \"{}\"\n",
+        STANDARD_CONFIG.replace("[proxy]\n", &format!("[proxy]\n{proxy}")),
         origin.port(),
         origin.port(),
         cert.display(),
         key.display(),
         ca.ca_pem_path.display()
     );
-    let rules = "deny = [\"blocked.origin.test\"]\ninspect = [\"b-only.test:*\"]\n\
-                 [[policies.a.requests]]\nhost = \"b-only.test\"\nmethods = [\"GET\"]\npaths = [\"/hello\"]\naction = \"allow\"\n";
-    let policy = policy().replace("deny = [\"blocked.origin.test\"]\n", rules);
+    let rules = format!(
+        "deny = [\"blocked.origin.test\"]\ninspect = [\"b-only.test:*\"]\n\
+         [[policies.a.requests]]\nhost = \"b-only.test\"\nmethods = [\"GET\"]\npaths = [\"{path}\"]\naction = \"allow\"\n"
+    );
+    let policy = policy().replace("deny = [\"blocked.origin.test\"]\n", &rules);
     let gw = TestGateway::start(&config, &policy);
+    Inspecting { gw, cert, origin, _dir: dir }
+}
+
+/// A TLS connection to a host the policy inspects is inspected, as a CONNECT would be:
+/// its requests are decided by request rules. The plain-HTTP listener, which does not
+/// inspect, refuses a host listed only in `inspect`: a tunnel would skip every rule.
+#[test]
+fn transparent_tls_to_an_inspected_host_is_inspected() {
+    let Inspecting { gw, cert, origin, _dir } = inspecting("", "/hello");
     let listen = gw.transparent_addr("https");
     let run = |extra: &[&str]| {
         let connect_to = format!("b-only.test:443:127.0.0.1:{}", listen.port());
@@ -458,30 +476,7 @@ fn transparent_tls_to_an_inspected_host_is_inspected() {
 /// with two open a third connection is not accepted.
 #[test]
 fn websockets_inside_inspected_transparent_connections_keep_their_place() {
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
-    let made = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
-        .args(["ca", "init", "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let ca = ca();
-    let origin = TestOrigin::https(&ca);
-    let config = format!(
-        "{}\n[transparent]\nhttps_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
-         https_port = {}\nhttp_port = {}\n[intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n\
-         upstream_ca_file = \"{}\"\n",
-        STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nmax_connections = 2\n"),
-        origin.port(),
-        origin.port(),
-        cert.display(),
-        key.display(),
-        ca.ca_pem_path.display()
-    );
-    let rules = "deny = [\"blocked.origin.test\"]\ninspect = [\"b-only.test:*\"]\n\
-                 [[policies.a.requests]]\nhost = \"b-only.test\"\nmethods = [\"GET\"]\npaths = [\"/ws\"]\naction = \"allow\"\n";
-    let policy = policy().replace("deny = [\"blocked.origin.test\"]\n", rules);
-    let gw = TestGateway::start(&config, &policy);
+    let Inspecting { gw, cert, origin: _origin, _dir } = inspecting("max_connections = 2\n", "/ws");
     let listen = gw.transparent_addr("https");
     let script = r#"
 import socket, ssl, sys, time
