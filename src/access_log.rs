@@ -190,7 +190,7 @@ impl AccessRecord {
     /// the JSON formatter, written without tracing's per-field dispatch (the access log
     /// is one line per request).
     fn write_json_fields(&self, w: &mut String, duration_ms: u64) -> std::fmt::Result {
-        use crate::telemetry::json::{field_display, field_str, field_u64};
+        use crate::telemetry::json::{field_socket_addr, field_str, field_u64};
         let opt = |w: &mut String, k: &str, v: Option<&str>| v.map_or(Ok(()), |v| field_str(w, k, v));
         opt(w, "sandbox", self.sandbox.as_deref())?;
         field_str(w, "kind", self.kind.as_str())?;
@@ -202,13 +202,13 @@ impl AccessRecord {
         opt(w, "policy", self.policy.as_deref())?;
         field_u64(w, "policy_generation", self.policy_generation)?;
         if let Some(a) = self.upstream_addr {
-            field_display(w, "upstream_addr", a)?;
+            field_socket_addr(w, "upstream_addr", a)?;
         }
         field_u64(w, "status", u64::from(self.status))?;
         field_u64(w, "bytes_up", self.bytes_up)?;
         field_u64(w, "bytes_down", self.bytes_down)?;
         field_u64(w, "duration_ms", duration_ms)?;
-        field_display(w, "client_addr", self.client_addr)?;
+        field_socket_addr(w, "client_addr", self.client_addr)?;
         opt(w, "vpce", self.vpce.as_deref())?;
         opt(w, "shadow_decision", self.shadow_decision.map(Outcome::as_str))?;
         opt(w, "budget", self.budget.as_deref())

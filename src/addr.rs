@@ -55,7 +55,7 @@ impl fmt::Display for Host {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Host::Name(n) => f.write_str(n),
-            Host::Ip(IpAddr::V4(a)) => write!(f, "{a}"),
+            Host::Ip(IpAddr::V4(a)) => crate::digits::ipv4(f, *a),
             Host::Ip(IpAddr::V6(a)) => write!(f, "[{a}]"),
         }
     }
@@ -70,7 +70,9 @@ pub struct Target {
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
+        fmt::Display::fmt(&self.host, f)?;
+        f.write_str(":")?;
+        crate::digits::u64(f, u64::from(self.port))
     }
 }
 

@@ -194,7 +194,8 @@ async fn admit(
         return Err(door::refuse(rec, refusal, Entry::Absolute));
     }
     let hold = authorized.hold;
-    let (upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {
+    let (upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial_for_relay(&target)).await
+    {
         Some(Ok(ok)) => ok,
         Some(Err(e)) => {
             let reason = e.reason();
@@ -215,7 +216,7 @@ const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
 fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, door: &Door) {
     let place = conn.place();
     let active = crate::metrics::ActiveGuard::tunnel();
-    let idle = door.config.proxy.tunnel_idle_timeout;
+    let (idle, keepalive) = (door.config.proxy.tunnel_idle_timeout, door.resolver.keepalive());
     door.tasks.spawn(async move {
         let (_place, _active) = (place, active);
         match next {
@@ -225,8 +226,12 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
                 let out = match client.open().await {
                     // Boxed: the fast path's tunnels (most of them) would otherwise all
                     // carry room for this path's larger state, idle or not.
-                    Some(Open::Upgraded(upgraded)) => Box::pin(relay(upgraded, upstream, idle, &cancel, meter)).await,
-                    Some(Open::Tcp(stream)) => relay::relay_tcp(stream, upstream, 0, idle, &cancel, meter).await,
+                    Some(Open::Upgraded(upgraded)) => {
+                        Box::pin(relay(upgraded, upstream, idle, keepalive, &cancel, meter)).await
+                    }
+                    Some(Open::Tcp(stream)) => {
+                        relay::relay_tcp(stream, upstream, 0, idle, keepalive, &cancel, meter).await
+                    }
                     None => relay::Outcome { up: 0, down: 0, end: relay::End::Error },
                 };
                 rec.bytes_up = out.up;
@@ -257,6 +262,7 @@ async fn relay(
     upgraded: hyper::upgrade::Upgraded,
     mut upstream: TcpStream,
     idle: Duration,
+    keepalive: Duration,
     cancel: &CancellationToken,
     meter: Option<&crate::budget::Meter>,
 ) -> relay::Outcome {
@@ -268,9 +274,12 @@ async fn relay(
                 return relay::Outcome { up: 0, down: 0, end: relay::End::Error };
             }
             drop(parts.read_buf);
-            relay::relay_tcp(parts.io.into_inner(), upstream, early, idle, cancel, meter).await
+            relay::relay_tcp(parts.io.into_inner(), upstream, early, idle, keepalive, cancel, meter).await
         }
         // Boxed: the cold path's buffers and state stay out of every tunnel's task.
-        Err(upgraded) => Box::pin(relay::relay(TokioIo::new(upgraded), upstream, idle, cancel, meter)).await,
+        Err(upgraded) => {
+            crate::resolve::set_keepalive(&upstream, keepalive);
+            Box::pin(relay::relay(TokioIo::new(upgraded), upstream, idle, cancel, meter)).await
+        }
     }
 }

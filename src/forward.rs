@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use http::header::{self, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -179,12 +180,21 @@ fn upstream_request(
     hold: Arc<Hold>,
 ) -> Result<(Request<UpBody>, Arc<AtomicU64>), &'static str> {
     let (mut parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri: Uri = format!("http://{target}{path}").parse().map_err(|_| "invalid request path")?;
-    parts.uri = uri;
+    // The authority is the normalised target's (never the client's userinfo); the
+    // client's own is reused when it already reads the same.
+    let text = crate::access_log::Text::display(target);
+    let authority = match parts.uri.authority() {
+        Some(a) if a.as_str() == text.as_str() => a.clone(),
+        _ => Authority::try_from(text.as_str()).map_err(|_| "invalid host")?,
+    };
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(Scheme::HTTP);
+    uri.authority = Some(authority);
+    uri.path_and_query = Some(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
+    parts.uri = Uri::from_parts(uri).map_err(|_| "invalid request path")?;
     strip_hop_by_hop(&mut parts.headers, upgrade);
-    let host = if target.port == 80 { target.host.to_string() } else { target.to_string() };
-    let host = HeaderValue::from_str(&host).map_err(|_| "invalid host")?;
+    let host = if target.port == 80 { text.strip_suffix(":80").unwrap_or(&text) } else { &text };
+    let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));
     let body = Counting::new(Revocable::new(body, hold, Dir::Up), counter.clone());

@@ -11,6 +11,7 @@ pub mod config;
 pub mod connect;
 pub mod demo;
 pub mod dial;
+pub mod digits;
 pub mod dns;
 pub mod door;
 pub mod forward;

@@ -65,17 +65,33 @@ impl<'m> Activity<'m> {
     }
 
     /// Runs `copy_both` until it ends, the tunnel idles for `idle`, or `cancel` fires.
+    /// With `keepalive`, TCP keepalive is switched on for its socket once the tunnel has
+    /// been open for half the keepalive time: the many short tunnels never pay its
+    /// three system calls, and a long one's first probe still follows at most one and
+    /// a half keepalive times of silence.
     async fn supervise(
         &self,
         copy_both: std::pin::Pin<&mut impl Future<Output = End>>,
         idle: Duration,
         cancel: &CancellationToken,
+        keepalive: Option<(&TcpStream, Duration)>,
     ) -> Outcome {
         let watchdog = async {
+            let mut arm = keepalive.map(|(socket, after)| (self.start + after / 2, socket, after));
             loop {
-                let deadline = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle;
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                let idle_at = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle;
+                if now >= idle_at {
                     return End::Idle;
+                }
+                let mut deadline = idle_at;
+                if let Some((at, socket, after)) = arm {
+                    if now >= at {
+                        crate::resolve::set_keepalive(socket, after);
+                        arm = None;
+                    } else {
+                        deadline = deadline.min(at);
+                    }
                 }
                 tokio::time::sleep_until(deadline).await;
             }
@@ -170,12 +186,15 @@ fn end_of(a: std::io::Result<()>, b: std::io::Result<()>) -> End {
 /// Relays between two TCP sockets (the CONNECT case): readiness-driven, zero-copy on
 /// Linux, and holding no buffer while idle. `up_already` bytes were sent upstream
 /// before the relay started (request bytes the client pipelined after CONNECT).
-/// `meter` counts the bytes against the tunnel's budgets.
+/// `meter` counts the bytes against the tunnel's budgets. The upstream socket gets
+/// TCP keepalive after `keepalive` from the relay (see `Activity::supervise`): it
+/// comes from [`crate::resolve::Resolver::dial_for_relay`] without it.
 pub async fn relay_tcp(
     client: TcpStream,
     upstream: TcpStream,
     up_already: u64,
     idle: Duration,
+    keepalive: Duration,
     cancel: &CancellationToken,
     meter: Option<&Meter>,
 ) -> Outcome {
@@ -194,7 +213,7 @@ pub async fn relay_tcp(
     // be laid out twice in this future (about 1.1 KiB more per tunnel, idle ones
     // included); boxed, it would cost an allocation per tunnel.
     tokio::pin!(copy_both);
-    activity.supervise(copy_both, idle, cancel).await
+    activity.supervise(copy_both, idle, cancel, Some((&upstream, keepalive))).await
 }
 
 /// Relays between any two byte streams (TLS client legs, upgraded HTTP connections)
@@ -221,7 +240,7 @@ where
     };
     // Pinned and lent, as in `relay_tcp`.
     tokio::pin!(copy_both);
-    activity.supervise(copy_both, idle, cancel).await
+    activity.supervise(copy_both, idle, cancel, None).await
 }
 
 async fn one_way<R, W>(r: &mut R, w: &mut W, gate: &Gate<'_>) -> std::io::Result<()>
@@ -265,6 +284,41 @@ mod tests {
         drop(upstream_peer);
         let out = task.await.unwrap();
         assert_eq!((out.up, out.down), (5, 6));
+    }
+
+    /// A connected pair of loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dialled = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        (dialled, accepted)
+    }
+
+    #[tokio::test]
+    async fn the_upstream_gets_keepalive_once_the_tunnel_outlives_half_its_time() {
+        let (client, _client_peer) = pair().await;
+        let (upstream, _upstream_peer) = pair().await;
+        // The same socket through another descriptor, to read its options while the
+        // relay owns it.
+        let probe = socket2::Socket::from(upstream.into_std().unwrap().try_clone().unwrap());
+        let upstream = TcpStream::from_std(std::net::TcpStream::from(probe.try_clone().unwrap())).unwrap();
+        let cancel = CancellationToken::new();
+        let stop = cancel.clone();
+        let keepalive = Duration::from_secs(2);
+        let task = tokio::spawn(async move {
+            relay_tcp(client, upstream, 0, Duration::from_secs(30), keepalive, &stop, None).await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!probe.keepalive().unwrap(), "a young tunnel pays no keepalive system calls");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !probe.keepalive().unwrap() {
+            assert!(std::time::Instant::now() < deadline, "keepalive never switched on");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(probe.tcp_keepalive_time().unwrap(), keepalive);
+        assert_eq!(probe.tcp_keepalive_interval().unwrap(), Duration::from_secs(10));
+        cancel.cancel();
+        assert_eq!(task.await.unwrap().end, End::Shutdown);
     }
 
     #[tokio::test(start_paused = true)]

@@ -202,6 +202,14 @@ impl Resolver {
     /// Resolves (within `resolver.timeout`), vets, and connects to the first vetted
     /// address that answers, within `proxy.connect_timeout` for all attempts.
     pub async fn dial(&self, target: &Target) -> Result<(TcpStream, SocketAddr), DialError> {
+        let dialled = self.dial_for_relay(target).await?;
+        set_keepalive(&dialled.0, self.keepalive);
+        Ok(dialled)
+    }
+
+    /// [`Resolver::dial`] without TCP keepalive, for [`crate::relay::relay_tcp`], which
+    /// switches it on only for tunnels that stay open ([`Resolver::keepalive`]).
+    pub async fn dial_for_relay(&self, target: &Target) -> Result<(TcpStream, SocketAddr), DialError> {
         let addrs = self.vetted(target).await?;
         let deadline = Instant::now() + self.connect_timeout;
         #[cfg(feature = "fuzzing")]
@@ -221,8 +229,12 @@ impl Resolver {
             _ => race(happy_eyeballs_order(addrs.into_vec()), deadline).await?,
         };
         let _ = stream.set_nodelay(true);
-        set_keepalive(&stream, self.keepalive);
         Ok((stream, addr))
+    }
+
+    /// The keepalive idle time upstream sockets get (`proxy.tcp_keepalive`).
+    pub fn keepalive(&self) -> Duration {
+        self.keepalive
     }
 }
 

@@ -169,17 +169,18 @@ pub async fn serve(
         Some(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
         None => authorized.hold,
     };
-    let (mut upstream, upstream_addr) = match hold.registration().unless_ended(door.resolver.dial(&target)).await {
-        Some(Ok(ok)) => ok,
-        Some(Err(e)) => {
-            let refusal = Refusal::new(e.reason(), e.to_string());
-            return refuse(&mut stream, &mut rec, listener, refusal).await;
-        }
-        None => {
-            let refusal = Refusal::new(DenyReason::AuthInvalid, ENDED_HINT);
-            return refuse(&mut stream, &mut rec, listener, refusal).await;
-        }
-    };
+    let (mut upstream, upstream_addr) =
+        match hold.registration().unless_ended(door.resolver.dial_for_relay(&target)).await {
+            Some(Ok(ok)) => ok,
+            Some(Err(e)) => {
+                let refusal = Refusal::new(e.reason(), e.to_string());
+                return refuse(&mut stream, &mut rec, listener, refusal).await;
+            }
+            None => {
+                let refusal = Refusal::new(DenyReason::AuthInvalid, ENDED_HINT);
+                return refuse(&mut stream, &mut rec, listener, refusal).await;
+            }
+        };
     rec.upstream_addr = Some(upstream_addr);
     rec.status = 200;
     if upstream.write_all(&early).await.is_err() {
@@ -189,7 +190,8 @@ pub async fn serve(
     let _active = crate::metrics::ActiveGuard::tunnel();
     let cancel = hold.registration().token().clone();
     let meter = hold.meter().map(|m| &**m);
-    let out = relay::relay_tcp(stream, upstream, early.len() as u64, proxy.tunnel_idle_timeout, &cancel, meter).await;
+    let (idle, keepalive) = (proxy.tunnel_idle_timeout, door.resolver.keepalive());
+    let out = relay::relay_tcp(stream, upstream, early.len() as u64, idle, keepalive, &cancel, meter).await;
     rec.bytes_up = out.up;
     rec.bytes_down = out.down;
     crate::door::record::budget_ended(&mut rec, out.end, meter);

@@ -50,7 +50,9 @@ pub fn write_event(w: &mut dyn Write, event: &Event<'_>, now: SystemTime) -> fmt
 
 /// The start of an access-log line: `{"ts":"...","log":"access"`.
 pub fn access_head(w: &mut dyn Write, now: SystemTime) -> fmt::Result {
-    write!(w, "{{\"ts\":\"{}\",\"log\":\"access\"", humantime::format_rfc3339_millis(now))
+    w.write_str("{\"ts\":\"")?;
+    crate::digits::rfc3339_millis(w, now)?;
+    w.write_str("\",\"log\":\"access\"")
 }
 
 /// Which reserved keys the event sets itself.
@@ -126,19 +128,28 @@ impl Visit for Fields<'_> {
 
 /// `,"key":"value"` (escaped).
 pub fn field_str(w: &mut dyn Write, key: &str, value: &str) -> fmt::Result {
-    write!(w, ",\"{key}\":")?;
+    field_key(w, key)?;
     string(w, value)
+}
+
+/// `,"key":`, for a key that needs no escaping.
+fn field_key(w: &mut dyn Write, key: &str) -> fmt::Result {
+    w.write_str(",\"")?;
+    w.write_str(key)?;
+    w.write_str("\":")
 }
 
 /// `,"key":value` for a number.
 pub fn field_u64(w: &mut dyn Write, key: &str, value: u64) -> fmt::Result {
-    write!(w, ",\"{key}\":{value}")
+    field_key(w, key)?;
+    crate::digits::u64(w, value)
 }
 
-/// `,"key":"value"` with the value's `Display`, escaped.
-pub fn field_display(w: &mut dyn Write, key: &str, value: impl fmt::Display) -> fmt::Result {
-    write!(w, ",\"{key}\":\"")?;
-    write!(Escaped(w), "{value}")?;
+/// `,"key":"address:port"`.
+pub fn field_socket_addr(w: &mut dyn Write, key: &str, value: std::net::SocketAddr) -> fmt::Result {
+    field_key(w, key)?;
+    w.write_char('"')?;
+    crate::digits::socket_addr(w, value)?;
     w.write_char('"')
 }
 
