@@ -20,6 +20,7 @@ use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, re
 use crate::policy::{DenyReason, Subject};
 use crate::relay;
 use crate::reload::State;
+use crate::replayed::Replayed;
 
 fn reject(rec: &mut AccessRecord, reason: DenyReason, hint: &str) -> Response<ProxyBody> {
     door::refuse(rec, Refusal::new(reason, hint), Entry::Absolute)
@@ -43,17 +44,18 @@ struct Inspection {
 }
 
 /// The client side of a tunnel: hyper's upgrade, or the socket itself when the head
-/// was read by the fast path ([`head`]), which answers `200` itself.
+/// was read by the fast path ([`head`]), which answers `200` itself, with the bytes the
+/// client sent behind the head.
 enum Client {
     Upgrade(hyper::upgrade::OnUpgrade),
-    Tcp(TcpStream),
+    Tcp(TcpStream, Vec<u8>),
 }
 
 /// The client side once the tunnel is open: `None` when the upgrade failed or the
 /// `200` could not be written.
 enum Open {
     Upgraded(hyper::upgrade::Upgraded),
-    Tcp(TcpStream),
+    Tcp(TcpStream, Vec<u8>),
 }
 
 impl Client {
@@ -66,7 +68,9 @@ impl Client {
                     None
                 }
             },
-            Client::Tcp(mut stream) => stream.write_all(ESTABLISHED).await.ok().map(|()| Open::Tcp(stream)),
+            Client::Tcp(mut stream, early) => {
+                stream.write_all(ESTABLISHED).await.ok().map(|()| Open::Tcp(stream, early))
+            }
         }
     }
 }
@@ -111,33 +115,24 @@ pub async fn handle(
 }
 
 /// A connection's first request, read by the fast path: answered here, on the socket.
-/// Returns the socket when the connection goes on (a refusal the client may follow
-/// with another request, which hyper then serves); `None` once it is a tunnel or
-/// closed.
+/// `early` is what the client sent behind the head (tunnel bytes, or its next
+/// request). Returns the socket when the connection goes on (a refusal the client may
+/// follow with another request, which hyper then serves); `None` once it is a tunnel
+/// or closed.
 pub async fn handle_first(
     head: &head::ConnectHead<'_>,
+    early: &[u8],
     mut stream: TcpStream,
     conn: &ConnInfo,
     door: &Door,
     state: Arc<State>,
     inspector: Option<Arc<dyn door::Inspector>>,
-) -> Option<TcpStream> {
-    use tokio::io::AsyncReadExt;
-    // Consume the head (peeked so far); bytes behind it stay in the socket.
-    let mut skip = head.len;
-    let mut scratch = [0u8; 512];
-    while skip > 0 {
-        let n = match stream.read(&mut scratch[..skip.min(512)]).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => n,
-        };
-        skip -= n;
-    }
+) -> Option<Replayed> {
     let mut rec = record(conn, &state);
     let presented = Presented::proxy_value(head.proxy_authorization);
     match admit(&mut rec, head.target, presented, conn, door, &state, inspector).await {
         Ok(next) => {
-            start(next, Client::Tcp(stream), rec, conn, door);
+            start(next, Client::Tcp(stream, early.to_vec()), rec, conn, door);
             None
         }
         Err(mut resp) => {
@@ -147,7 +142,7 @@ pub async fn handle_first(
             let bytes = respond::serialize(resp).await;
             let sent = tokio::time::timeout(Duration::from_secs(10), stream.write_all(&bytes)).await;
             match sent {
-                Ok(Ok(())) if !head.close => Some(stream),
+                Ok(Ok(())) if !head.close => Some(Replayed::new(early.to_vec(), stream)),
                 _ => {
                     let _ = stream.shutdown().await;
                     None
@@ -220,19 +215,26 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
     door.tasks.spawn(async move {
         let (_place, _active) = (place, active);
         match next {
-            Next::Tunnel { hold, upstream } => {
+            Next::Tunnel { hold, mut upstream } => {
                 let cancel = hold.registration().token().clone();
                 let meter = hold.meter().map(|m| &**m);
+                let failed = relay::Outcome { up: 0, down: 0, end: relay::End::Error };
                 let out = match client.open().await {
                     // Boxed: the fast path's tunnels (most of them) would otherwise all
                     // carry room for this path's larger state, idle or not.
                     Some(Open::Upgraded(upgraded)) => {
                         Box::pin(relay(upgraded, upstream, idle, keepalive, &cancel, meter)).await
                     }
-                    Some(Open::Tcp(stream)) => {
-                        relay::relay_tcp(stream, upstream, 0, idle, keepalive, &cancel, meter).await
+                    Some(Open::Tcp(stream, early)) => {
+                        if !early.is_empty() && upstream.write_all(&early).await.is_err() {
+                            failed
+                        } else {
+                            let sent = early.len() as u64;
+                            drop(early);
+                            relay::relay_tcp(stream, upstream, sent, idle, keepalive, &cancel, meter).await
+                        }
                     }
-                    None => relay::Outcome { up: 0, down: 0, end: relay::End::Error },
+                    None => failed,
                 };
                 rec.bytes_up = out.up;
                 rec.bytes_down = out.down;
@@ -242,7 +244,7 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
                 let Inspection { hold, inner, target, inspector } = *inspection;
                 let io: Option<Box<dyn door::Io>> = match client.open().await {
                     Some(Open::Upgraded(upgraded)) => Some(Box::new(TokioIo::new(upgraded))),
-                    Some(Open::Tcp(stream)) => Some(Box::new(stream)),
+                    Some(Open::Tcp(stream, early)) => Some(Box::new(Replayed::new(early, stream))),
                     None => None,
                 };
                 if let Some(io) = io {
@@ -266,15 +268,19 @@ async fn relay(
     cancel: &CancellationToken,
     meter: Option<&crate::budget::Meter>,
 ) -> relay::Outcome {
-    match upgraded.downcast::<TokioIo<TcpStream>>() {
+    match upgraded.downcast::<TokioIo<Replayed>>() {
         Ok(parts) => {
-            // Bytes the client sent right behind the CONNECT head.
-            let early = parts.read_buf.len() as u64;
-            if early > 0 && upstream.write_all(&parts.read_buf).await.is_err() {
-                return relay::Outcome { up: 0, down: 0, end: relay::End::Error };
+            // Bytes the client sent right behind the CONNECT head: what hyper read, then
+            // what it left of the fast path's first read (nothing, in practice).
+            let (client, unread) = parts.io.into_inner().into_parts();
+            let early = (parts.read_buf.len() + unread.len()) as u64;
+            for bytes in [&parts.read_buf[..], &unread[..]] {
+                if !bytes.is_empty() && upstream.write_all(bytes).await.is_err() {
+                    return relay::Outcome { up: 0, down: 0, end: relay::End::Error };
+                }
             }
-            drop(parts.read_buf);
-            relay::relay_tcp(parts.io.into_inner(), upstream, early, idle, keepalive, cancel, meter).await
+            drop((parts.read_buf, unread));
+            relay::relay_tcp(client, upstream, early, idle, keepalive, cancel, meter).await
         }
         // Boxed: the cold path's buffers and state stay out of every tunnel's task.
         Err(upgraded) => {

@@ -28,6 +28,7 @@ pub mod proxy;
 pub mod redact;
 pub mod relay;
 pub mod reload;
+pub mod replayed;
 pub mod resolve;
 pub mod routes;
 pub mod secret;

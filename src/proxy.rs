@@ -82,29 +82,30 @@ fn inspector(shared: &Arc<Shared>) -> Option<Arc<dyn door::Inspector>> {
 }
 
 /// A plain-TCP connection's first request, when it is a plain CONNECT, served without
-/// hyper (`connect::head`): the head is peeked, and anything else is left in the socket.
-/// Returns the socket when hyper is to serve the connection (the first request is
+/// hyper (`connect::head`). Returns the socket, with what was read from it and not
+/// taken in front, when hyper is to serve the connection (the first request is
 /// something else, or the client may go on after a refusal); `None` when it is a
 /// tunnel now, or closed.
 pub async fn first_request(
-    stream: tokio::net::TcpStream,
+    mut stream: tokio::net::TcpStream,
     conn: &ConnInfo,
     shared: &Arc<Shared>,
     shutdown: &tokio_util::sync::CancellationToken,
-) -> Option<tokio::net::TcpStream> {
+) -> Option<crate::replayed::Replayed> {
     use crate::connect::head;
     let cfg = &shared.config.proxy;
-    let mut buf = [0u8; head::PEEK];
+    let mut buf = [0u8; head::FIRST_READ];
     // On shutdown, a connection that has sent nothing yet is closed at once.
     let n = tokio::select! {
-        n = head::peek(&stream, &mut buf, cfg.header_read_timeout) => n?,
+        n = head::read_first(&mut stream, &mut buf, cfg.header_read_timeout) => n?,
         _ = shutdown.cancelled() => return None,
     };
     let Some(head) = head::parse(&buf[..n], cfg.max_header_bytes, cfg.max_headers) else {
-        return Some(stream);
+        return Some(crate::replayed::Replayed::new(buf[..n].to_vec(), stream));
     };
     let state = shared.store.snapshot();
-    crate::connect::handle_first(&head, stream, conn, &shared.door, state, inspector(shared)).await
+    let early = &buf[head.len..n];
+    crate::connect::handle_first(&head, early, stream, conn, &shared.door, state, inspector(shared)).await
 }
 
 /// Entry point for every request on the proxy port: chooses the handler.

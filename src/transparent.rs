@@ -21,6 +21,7 @@ use crate::door::respond::{self, Denial};
 use crate::door::{self, ConnInfo, Door, Refusal};
 use crate::policy::{DenyReason, Subject};
 use crate::relay;
+use crate::replayed::Replayed;
 
 /// Which listener a connection came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +156,7 @@ pub async fn serve(
         // The connection goes on counting for its sandbox while it is inspected, and so
         // does a WebSocket inside it, which outlives this task ([`ConnInfo::place`]).
         let inner = ConnInfo { identity: Some(authorized.identity), ..conn };
-        let io: Box<dyn door::Io> = Box::new(Replayed { head: early, at: 0, inner: stream });
+        let io: Box<dyn door::Io> = Box::new(Replayed::new(early, stream));
         inspector.serve(io, door::Inspected { target, conn: inner, cancel }).await;
         rec.emit();
         drop(authorized.hold);
@@ -196,53 +197,6 @@ pub async fn serve(
     rec.bytes_down = out.down;
     crate::door::record::budget_ended(&mut rec, out.end, meter);
     rec.emit();
-}
-
-/// The client's stream with the bytes already read from it (the ClientHello) read
-/// again first.
-struct Replayed {
-    head: Vec<u8>,
-    at: usize,
-    inner: TcpStream,
-}
-
-impl tokio::io::AsyncRead for Replayed {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        if self.at < self.head.len() {
-            let n = buf.remaining().min(self.head.len() - self.at);
-            let at = self.at;
-            buf.put_slice(&self.head[at..at + n]);
-            self.at += n;
-            return std::task::Poll::Ready(Ok(()));
-        }
-        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Replayed {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 fn read_refusal(e: &ReadError) -> Refusal {

@@ -72,6 +72,31 @@ fn bytes_sent_behind_the_connect_head_reach_the_origin_and_half_close_propagates
     assert_eq!(rec["status"], 200, "{rec}");
 }
 
+/// A head in two writes is not the fast path's: hyper parses it from the bytes the fast
+/// path already read and the rest of the socket, and the tunnel relays the bytes behind
+/// it, then the socket itself, with every byte counted once.
+#[test]
+fn a_head_in_two_writes_is_served_by_hyper_and_tunnels_the_same() {
+    let gw = gateway("30s");
+    let target = origin(echo_then_bye);
+    let mut s = raw::connect(gw.addr);
+    let head = connect_head(target);
+    s.write_all(&head.as_bytes()[..20]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s.write_all(format!("{}early", &head[20..]).as_bytes()).unwrap();
+    let answer = raw::read_head(&mut s);
+    assert_eq!(raw::status(&answer), 200, "{answer}");
+    s.write_all(b"-later").unwrap();
+    let mut got = [0u8; 11];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"early-later");
+    s.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(raw::read_all(&mut s), "bye");
+    let rec = gw.access_for(&target.to_string());
+    assert_eq!(rec["bytes_up"], 11, "{rec}");
+    assert_eq!(rec["bytes_down"], 14, "{rec}");
+}
+
 #[test]
 fn large_transfers_in_both_directions_arrive_intact() {
     let gw = gateway("30s");

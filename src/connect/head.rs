@@ -1,25 +1,27 @@
-//! The fast path for a connection's first request when it is a plain CONNECT: the head
-//! is peeked (not read) off the socket by the dispatcher and parsed in place, so that the common case,
-//! a sandbox opening one tunnel per connection, costs no HTTP server state at all.
+//! The fast path for a connection's first request when it is a plain CONNECT: the
+//! dispatcher reads the first bytes off the socket and the head is parsed in place, so
+//! that the common case, a sandbox opening one tunnel per connection, costs no HTTP
+//! server state at all (and no second read of the head).
 //!
 //! Only a head with nothing unusual about it is taken: method `CONNECT`, HTTP/1.0 or
 //! 1.1, an authority-form target made of host characters, no body framing, upgrade
-//! or expectation headers, all of it in the first peek and within the proxy's header
-//! limits. Anything else, or a head that has not fully arrived yet, is left in the
-//! socket untouched for hyper, which serves the connection exactly as it would have
-//! without this path (and applies the limits and error answers).
+//! or expectation headers, all of it in the first read and within the proxy's header
+//! limits. Anything else, or a head that has not fully arrived yet, goes to hyper with
+//! the bytes read so far in front of the socket ([`crate::replayed::Replayed`]), and
+//! hyper serves the connection exactly as it would have without this path (and
+//! applies the limits and error answers).
 
 use std::time::Duration;
 
 use http::Version;
 use tokio::net::TcpStream;
 
-/// Bytes peeked for the first head; a longer head goes to hyper.
-pub const PEEK: usize = 2048;
+/// Bytes read for the first head; a longer head goes to hyper.
+pub const FIRST_READ: usize = 2048;
 /// Header fields parsed in place; more go to hyper (which applies `proxy.max_headers`).
 const FIELDS: usize = 32;
 
-/// A first request that is a plain CONNECT, borrowed from the peek buffer.
+/// A first request that is a plain CONNECT, borrowed from the first read's buffer.
 #[derive(Debug)]
 pub struct ConnectHead<'a> {
     pub target: &'a str,
@@ -29,15 +31,16 @@ pub struct ConnectHead<'a> {
     /// The connection closes after a refusal: HTTP/1.0 (as hyper does), or a
     /// `Connection: close` (`Proxy-Connection` is not looked at, as hyper does not).
     pub close: bool,
-    /// Length of the head: the bytes to consume from the socket.
+    /// Length of the head; bytes behind it are the client's first tunnel bytes.
     pub len: usize,
 }
 
-/// Waits (up to `timeout`) for the client's first bytes and peeks them into `buf`;
-/// `None` when the client closed or sent nothing in time, or the peek failed (hyper
-/// then finds the same and closes, as before this path existed).
-pub async fn peek(stream: &TcpStream, buf: &mut [u8], timeout: Duration) -> Option<usize> {
-    match tokio::time::timeout(timeout, stream.peek(buf)).await {
+/// Waits (up to `timeout`) for the client's first bytes and reads them into `buf`;
+/// `None` when the client closed or sent nothing in time, or the read failed (the
+/// connection is then closed, as hyper would have).
+pub async fn read_first(stream: &mut TcpStream, buf: &mut [u8], timeout: Duration) -> Option<usize> {
+    use tokio::io::AsyncReadExt;
+    match tokio::time::timeout(timeout, stream.read(buf)).await {
         Ok(Ok(n)) if n > 0 => Some(n),
         _ => None,
     }
