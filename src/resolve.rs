@@ -165,7 +165,9 @@ impl Resolver {
         }
         // Fully qualified, so search domains never apply.
         let fqdn = format!("{name}.");
-        let lookup = tokio::time::timeout(self.resolve_timeout, self.dns.lookup_ip(fqdn.as_str()))
+        // Boxed: inline, the lookup's state (over a kilobyte) would sit in every dial's
+        // future, and so in every connection's task, IP literals and hosts entries too.
+        let lookup = Box::pin(tokio::time::timeout(self.resolve_timeout, self.dns.lookup_ip(fqdn.as_str())))
             .await
             .map_err(|_| DialError::ResolveFailed("resolution timed out".to_string()))?
             .map_err(|e| DialError::ResolveFailed(e.to_string()))?;

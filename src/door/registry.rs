@@ -84,12 +84,33 @@ impl Registration {
     }
 
     /// Runs `fut` unless the connection is ended first (`None`).
-    pub async fn unless_ended<F: Future>(&self, fut: F) -> Option<F::Output> {
-        tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => None,
-            r = fut => Some(r),
+    pub fn unless_ended<F: Future>(&self, fut: F) -> UnlessEnded<'_, F> {
+        UnlessEnded { ended: self.cancel.cancelled(), fut }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Registration::unless_ended`]'s future. A struct rather than an `async fn`: an
+    /// `async fn` would hold `fut` twice (as its argument, then inside its `select!`),
+    /// and `fut` is a dial or an upstream exchange of a kilobyte or more.
+    pub struct UnlessEnded<'a, F> {
+        #[pin]
+        ended: tokio_util::sync::WaitForCancellationFuture<'a>,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for UnlessEnded<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // Ended first: a connection ended while its future was ready is still ended.
+        if this.ended.poll(cx).is_ready() {
+            return Poll::Ready(None);
         }
+        this.fut.poll(cx).map(Some)
     }
 }
 
