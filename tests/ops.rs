@@ -318,6 +318,40 @@ fn a_revoked_sandboxs_open_tunnel_is_closed_on_reload() {
 }
 
 #[test]
+fn a_forwarded_request_waiting_upstream_is_refused_when_a_reload_revokes_it() {
+    // An upstream that takes the request and never answers: the exchange waits in
+    // `Registration::unless_ended` until the reload ends it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req = format!(
+        "GET http://origin.test:{port}/slow HTTP/1.1\r\nHost: origin.test:{port}\r\nProxy-Authorization: {}\r\n\r\n",
+        basic("sbx-a", TOKEN_A)
+    );
+    client.write_all(req.as_bytes()).unwrap();
+    // Wait until the request has reached the upstream, then revoke its host.
+    let (mut upstream, _) = silent.accept().unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    upstream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        use std::io::Read;
+        let n = upstream.read(&mut buf).unwrap();
+        assert!(n > 0, "the upstream saw the request");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let narrowed = standard_policy().replace("\"origin.test:*\", ", "");
+    std::fs::write(gw.dir.path().join("policy/test.toml"), narrowed).unwrap();
+    gw.signal("HUP");
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let answer = raw::read_response(&mut client);
+    assert!(answer.contains("auth_invalid"), "ended by the reload, and says so: {answer}");
+    assert!(answer.contains("no longer allows it"), "{answer}");
+    drop(upstream);
+}
+
+#[test]
 fn reload_under_continuous_load_fails_no_request() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
