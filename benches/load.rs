@@ -311,7 +311,7 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
     let rounds = runs.first().map_or(0, |(_, r)| r.len());
     let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0);
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
-    // A zero rate: the phase did not run (the bare relay forwards no requests).
+    // A zero rate: the phase did not run (the transparent row forwards no requests).
     let keep_alive = |r: &Row, cell: String| if r.rps > 0.0 { cell } else { "-".to_string() };
     let header: Vec<&str> = rows.iter().map(|(n, _)| *n).collect();
     println!();
@@ -417,6 +417,16 @@ fn print_table(runs: &[(&str, Vec<Row>)], idle_n: usize, stream_bytes: u64) {
             }
             None => println!("  {what}: not measured in this run (target at most {target}{unit})"),
         }
+    }
+    // The keep-alive target's floor: what the bare forwarder itself spends against
+    // Squid, and the gateway against it, in the same rounds.
+    if let (Some(relay), Some(squid)) = (peer("relay"), peer("squid"))
+        && let (Some(floor), Some(over)) =
+            (ratio(|r| r.cpu_per_request, relay, squid), ratio(|r| r.cpu_per_request, gw, relay))
+    {
+        println!(
+            "  CPU per keep-alive request, the floor: the bare forwarder {floor:.2}x squid; the gateway {over:.2}x the bare forwarder"
+        );
     }
     // A setup's cost as tunnels stay open: within each round, against the first phase.
     for (label, get) in [

@@ -392,10 +392,10 @@ DisableViaHeader Yes
         self.addr.is_some()
     }
 
-    /// Whether it forwards absolute-form requests (the bare relay carries tunnels only;
-    /// the transparent row has no proxy port in the bench).
+    /// Whether it forwards absolute-form requests (the transparent row has no proxy
+    /// port in the bench).
     pub fn forwards(&self) -> bool {
-        self.name != "relay" && !self.transparent
+        !self.transparent
     }
 
     /// `Proxy-Authorization` value for the bench credential.
