@@ -1,52 +1,120 @@
 //! Absolute-form HTTP forwarding (`GET http://host/path`): the same decision path as
-//! CONNECT, then the request is re-issued upstream through a pooled client whose
-//! connector dials only vetted addresses. Bodies stream both ways; hop-by-hop headers
-//! and `Proxy-Authorization` are stripped; `Host` comes from the URI. A `101` upgrade
-//! (WebSocket) is relayed as a tunnel.
+//! CONNECT, then the request is re-issued upstream over the client connection's own
+//! upstream connection ([`Upstream`]), dialled to a vetted address. Bodies stream both
+//! ways; hop-by-hop headers and `Proxy-Authorization` are stripped; `Host` comes from
+//! the URI. A `101` upgrade (WebSocket) is relayed as a tunnel.
 
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::header::{self, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::budget::Dir;
-use crate::dial::{self, UpstreamAddr, VettingConnector};
 use crate::door::bodies::{Counting, LoggedBody, charge_head, request_line_len};
 use crate::door::headers::{is_upgrade, strip_hop_by_hop};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
 use crate::policy::{DenyReason, Subject};
 use crate::reload::State;
+use crate::resolve::DialError;
 
 /// What a forwarded request body is, upstream: counted, and cut by a sweep.
 pub type UpBody = Counting<Revocable<Incoming>>;
-pub type UpstreamClient = Client<VettingConnector, UpBody>;
 
-/// The forwarding handler's own state: one pooled client per proxy thread, so a
-/// pooled upstream connection is driven by the thread whose requests use it.
-pub struct Forwarder {
-    pub clients: Vec<UpstreamClient>,
+/// A client connection's upstream connection, which its forwarded requests to the same
+/// host reuse. One per client connection, never shared between client connections:
+/// what one sandbox's exchange leaves on a connection (a response framed differently
+/// than the gateway read it) can never reach another's request, and a closed client
+/// connection closes its upstream one instead of leaving it idle in a pool. A request
+/// to another host, or from another sandbox, replaces it.
+#[derive(Default)]
+pub struct Upstream(Mutex<Option<Kept>>);
+
+struct Kept {
+    target: Target,
+    sandbox: Arc<str>,
+    addr: SocketAddr,
+    send: SendRequest<UpBody>,
 }
 
-impl Forwarder {
-    /// The calling proxy thread's client (`thread`: its index, when on one).
-    pub fn client(&self, thread: Option<usize>) -> &UpstreamClient {
-        &self.clients[thread.unwrap_or(0) % self.clients.len()]
+impl Upstream {
+    /// The kept connection, when it leads to `target`, was opened for `sandbox` and is
+    /// still open.
+    fn take(&self, target: &Target, sandbox: &str) -> Option<Kept> {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        kept.filter(|k| k.target == *target && *k.sandbox == *sandbox && !k.send.is_closed())
     }
+
+    fn keep(&self, kept: Kept) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(kept);
+    }
+}
+
+/// Why an exchange got no response.
+enum ExchangeError {
+    Dial(DialError),
+    Http(hyper::Error),
+}
+
+/// Sends `req` to `target`: over the kept connection when there is one (once more over
+/// a new one if that one closed before the request was written), else over a new one.
+/// The response, and the address it came from; with `keep`, the connection is kept for
+/// the client connection's next request (it is ready again once this response's body
+/// is read).
+async fn exchange(
+    upstream: &Upstream,
+    door: &Door,
+    target: &Target,
+    sandbox: &Arc<str>,
+    mut req: Request<UpBody>,
+    keep: bool,
+) -> Result<(Response<Incoming>, SocketAddr), ExchangeError> {
+    if let Some(mut kept) = upstream.take(target, sandbox)
+        && kept.send.ready().await.is_ok()
+    {
+        match kept.send.try_send_request(req).await {
+            Ok(resp) => {
+                let addr = kept.addr;
+                if keep {
+                    upstream.keep(kept);
+                }
+                return Ok((resp, addr));
+            }
+            Err(mut e) => match e.take_message() {
+                Some(unsent) => req = unsent,
+                None => return Err(ExchangeError::Http(e.into_error())),
+            },
+        }
+    }
+    let (stream, addr) = door.resolver.dial(target).await.map_err(ExchangeError::Dial)?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(ExchangeError::Http)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(upstream_addr = %addr, error = %e, "upstream connection ended with an error");
+        }
+    });
+    let resp = send.send_request(req).await.map_err(ExchangeError::Http)?;
+    if keep {
+        upstream.keep(Kept { target: target.clone(), sandbox: sandbox.clone(), addr, send });
+    }
+    Ok((resp, addr))
 }
 
 pub async fn handle(
     mut req: Request<Incoming>,
     conn: &ConnInfo,
     door: &Door,
-    client: &UpstreamClient,
+    upstream: &Upstream,
     state: Arc<State>,
 ) -> Response<ProxyBody> {
     let mut rec = AccessRecord::with_vpce(
@@ -95,6 +163,7 @@ pub async fn handle(
     } else {
         Subject::Host(target.clone())
     };
+    let sandbox = identity.sandbox.clone();
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
         Ok(a) => Arc::new(a.hold),
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
@@ -127,31 +196,32 @@ pub async fn handle(
         Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
     };
     let (mut up_req, bytes_up) = up_req;
-    // A peer's connection is never pooled: a reload may move the peer, and a pooled
+    // A peer's connection is never kept: a reload may move the peer, and a kept
     // connection would still lead to its old address (another sandbox's, perhaps).
-    if !wants_upgrade && crate::policy::peer_id(&target, &door.config.egress.peer_suffix).is_some() {
+    let peer = crate::policy::peer_id(&target, &door.config.egress.peer_suffix).is_some();
+    if !wants_upgrade && peer {
         up_req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
 
     let timeout = door.config.proxy.response_header_timeout;
-    let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, client.request(up_req))).await;
+    let sent = exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !peer);
+    let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, sent)).await;
     let Some(sent) = sent else {
         return reject(&mut rec, DenyReason::AuthInvalid, ENDED_HINT);
     };
     let resp = match sent {
-        Ok(Ok(resp)) => resp,
-        Ok(Err(e)) => {
-            let (reason, detail) = match dial::dial_error(&e) {
-                Some(d) => (d.reason(), d.to_string()),
-                None => (DenyReason::UpstreamUnreachable, format!("upstream request failed: {e}")),
-            };
-            return reject(&mut rec, reason, &detail);
+        Ok(Ok((resp, addr))) => {
+            rec.upstream_addr = Some(addr);
+            resp
+        }
+        Ok(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.to_string()),
+        Ok(Err(ExchangeError::Http(e))) => {
+            return reject(&mut rec, DenyReason::UpstreamUnreachable, &format!("upstream request failed: {e}"));
         }
         Err(_) => {
             return reject(&mut rec, DenyReason::UpstreamTimeout, "no response headers in time");
         }
     };
-    rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     rec.status = resp.status().as_u16();
     // The status line: `HTTP/1.1 200 OK\r\n` and a reason phrase.
     if let Err(refusal) = charge_head(&hold, Dir::Down, 32, resp.headers()) {
@@ -171,8 +241,8 @@ pub async fn handle(
     Response::from_parts(parts, body.boxed_unsync())
 }
 
-/// Builds the upstream request: origin URI from the normalised target, hop-by-hop
-/// headers and proxy credentials removed, `Host` set from the URI.
+/// Builds the upstream request: origin-form URI, hop-by-hop headers and proxy
+/// credentials removed, `Host` set from the normalised target.
 fn upstream_request(
     req: Request<Incoming>,
     target: &Target,
@@ -180,18 +250,13 @@ fn upstream_request(
     hold: Arc<Hold>,
 ) -> Result<(Request<UpBody>, Arc<AtomicU64>), &'static str> {
     let (mut parts, body) = req.into_parts();
-    // The authority is the normalised target's (never the client's userinfo); the
-    // client's own is reused when it already reads the same.
-    let text = crate::access_log::Text::display(target);
-    let authority = match parts.uri.authority() {
-        Some(a) if a.as_str() == text.as_str() => a.clone(),
-        _ => Authority::try_from(text.as_str()).map_err(|_| "invalid host")?,
+    // Origin-form upstream: the path and query only, never the client's userinfo.
+    parts.uri = match parts.uri.path_and_query() {
+        Some(p) if p.as_str().starts_with('/') => Uri::from(p.clone()),
+        Some(p) => Uri::try_from(format!("/{}", p.as_str())).map_err(|_| "invalid request path")?,
+        None => Uri::from(PathAndQuery::from_static("/")),
     };
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(Scheme::HTTP);
-    uri.authority = Some(authority);
-    uri.path_and_query = Some(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
-    parts.uri = Uri::from_parts(uri).map_err(|_| "invalid request path")?;
+    let text = crate::access_log::Text::display(target);
     strip_hop_by_hop(&mut parts.headers, upgrade);
     let host = if target.port == 80 { text.strip_suffix(":80").unwrap_or(&text) } else { &text };
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;

@@ -14,7 +14,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Admin};
 use crate::config::{Config, ConfigError};
-use crate::dial::VettingConnector;
 use crate::dns::DnsServer;
 use crate::door::Door;
 use crate::proxy::{self, Shared};
@@ -70,15 +69,6 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
     .map_err(GatewayError::Resolver)?;
     prepare(&mut resolver);
     let resolver = Arc::new(resolver);
-    let client = || {
-        Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(64)
-            .set_host(false)
-            .build(VettingConnector::new(resolver.clone()))
-    };
-    let clients = (0..config.proxy.threads.max(1)).map(|_| client()).collect();
     let tls = match &config.proxy.tls {
         Some((cert, key)) => {
             Some(crate::proxy::tls::TlsState::load(cert, key, config.proxy.tls_client_ca.as_deref(), &config.file)?)
@@ -128,15 +118,7 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         budgets,
         admission,
     };
-    let shared = Arc::new(Shared {
-        door,
-        draining: AtomicBool::new(false),
-        tls,
-        forward: crate::forward::Forwarder { clients },
-        git,
-        routes,
-        intercept,
-    });
+    let shared = Arc::new(Shared { door, draining: AtomicBool::new(false), tls, git, routes, intercept });
     let weak = Arc::downgrade(&shared);
     shared.resolver.set_peers(Arc::new(move |name: &str| {
         let shared = weak.upgrade()?;

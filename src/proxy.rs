@@ -26,7 +26,6 @@ pub struct Shared {
     pub draining: std::sync::atomic::AtomicBool,
     /// Set when the proxy port speaks TLS.
     pub tls: Option<tls::TlsState>,
-    pub forward: crate::forward::Forwarder,
     pub git: crate::git::handler::GitRoute,
     pub routes: crate::routes::Routes,
     /// TLS inspection (`[intercept]`).
@@ -109,7 +108,13 @@ pub async fn first_request(
 }
 
 /// Entry point for every request on the proxy port: chooses the handler.
-pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared>) -> Response<ProxyBody> {
+/// `upstream`: the connection's own upstream connection for forwarded requests.
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    upstream: &crate::forward::Upstream,
+    shared: &Arc<Shared>,
+) -> Response<ProxyBody> {
     let door = &shared.door;
     let state = door.store.snapshot();
     let gh_host = &door.config.github.web_host;
@@ -122,8 +127,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared
     } else if absolute_host(&|h| crate::routes::is_route_host(&door.config.routes, h)) {
         crate::routes::handle(req, conn, door, &shared.routes, state, Entry::Absolute).await
     } else if req.uri().scheme().is_some() {
-        let client = shared.forward.client(threads::current());
-        crate::forward::handle(req, conn, door, client, state).await
+        crate::forward::handle(req, conn, door, upstream, state).await
     } else if req.uri().path().starts_with("/routes/") {
         crate::routes::handle(req, conn, door, &shared.routes, state, Entry::Origin).await
     } else if req

@@ -93,6 +93,26 @@ fn keep_alive_serves_several_requests_on_one_connection() {
 }
 
 #[test]
+fn client_connections_never_share_an_upstream_connection() {
+    // Three client connections, one after the other, to the same origin: each gets an
+    // upstream connection of its own, never one an earlier client connection left open
+    // (what one exchange leaves on a connection must not reach another's request).
+    let (gw, origin) = start_http();
+    let a = format!("http://origin.test:{}/echo", origin.port());
+    for _ in 0..3 {
+        let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &a, &a]);
+        assert_eq!((out.exit, out.status), (0, 200), "{out:?}");
+    }
+    let peers: Vec<_> = origin.recorded().iter().map(|r| r.peer).collect();
+    assert_eq!(peers.len(), 6, "{peers:?}");
+    for (i, pair) in peers.chunks(2).enumerate() {
+        assert_eq!(pair[0], pair[1], "connection {i}: its two requests share its upstream: {peers:?}");
+    }
+    let (first, second, third) = (peers[0], peers[2], peers[4]);
+    assert!(first != second && second != third && first != third, "one upstream per client connection: {peers:?}");
+}
+
+#[test]
 fn absolute_form_denials_and_bad_forms() {
     let (gw, origin) = start_http();
     let port = origin.port();

@@ -326,11 +326,12 @@ pub async fn serve_stream<I>(
         .max_headers(cfg.max_headers)
         .keep_alive(true);
     let svc_shared = shared.clone();
-    let svc_conn = conn.clone();
+    // The connection's facts and its upstream connection: one clone per request.
+    let per_conn = Arc::new((conn.clone(), crate::forward::Upstream::default()));
     let service = service_fn(move |req| {
         let shared = svc_shared.clone();
-        let conn = svc_conn.clone();
-        async move { Ok::<_, Infallible>(handle(req, &conn, &shared).await) }
+        let per_conn = per_conn.clone();
+        async move { Ok::<_, Infallible>(handle(req, &per_conn.0, &per_conn.1, &shared).await) }
     });
     let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
     tokio::pin!(connection);

@@ -16,16 +16,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Shared, server};
 
-thread_local! {
-    /// This thread's index among the proxy threads; unset on every other thread.
-    static CURRENT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-}
-
-/// The calling thread's index among the proxy threads, if it is one of them.
-pub fn current() -> Option<usize> {
-    CURRENT.with(|c| c.get())
-}
-
 /// The running accept threads.
 pub struct AcceptThreads {
     stopped: Vec<oneshot::Receiver<()>>,
@@ -54,7 +44,6 @@ impl AcceptThreads {
             let place = (placement.clone(), i);
             let (done, rx) = oneshot::channel();
             std::thread::Builder::new().name(format!("proxy-{i}")).spawn(move || {
-                CURRENT.with(|c| c.set(Some(i)));
                 runtime.block_on(async move {
                     match TcpListener::from_std(listener) {
                         Ok(listener) => server::serve(listener, shared.clone(), stop, limit, Some(place)).await,
