@@ -20,7 +20,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::budget::Dir;
 use crate::door::bodies::{Counting, LoggedBody, charge_head, request_line_len};
-use crate::door::headers::{is_upgrade, strip_hop_by_hop};
+use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
 use crate::policy::{DenyReason, Subject};
@@ -156,7 +156,8 @@ pub async fn handle(
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };
     // A host the policy inspects is decided request by request, in plain HTTP too.
-    let subject = if identity.policy.inspects(&target).is_some() {
+    let inspected = identity.policy.inspects(&target).is_some();
+    let subject = if inspected {
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
         let headers = crate::door::headers::rule_headers(req.headers());
         Subject::Request { target: target.clone(), method: req.method().as_str().to_string(), path, headers }
@@ -184,6 +185,25 @@ pub async fn handle(
             return reject(&mut rec, DenyReason::SecretNotAllowed, &hint);
         }
     }
+    // What a request rule judged must be all that reaches an inspected host: no
+    // upgrade but WebSocket (`h2c` would be an unjudged pipe), and no GET or HEAD with a
+    // body (an upstream that ignores it would read the body as a second, unjudged
+    // request).
+    if inspected {
+        if is_upgrade(req.headers()) && !is_websocket_upgrade(req.headers()) {
+            return reject(
+                &mut rec,
+                DenyReason::BadRequest,
+                "only WebSocket upgrades are relayed to an inspected host",
+            );
+        }
+        if matches!(*req.method(), http::Method::GET | http::Method::HEAD)
+            && !http_body::Body::is_end_stream(req.body())
+        {
+            let hint = "a GET or HEAD request with a body is not sent on: upstreams disagree on its framing";
+            return reject(&mut rec, DenyReason::BadRequest, hint);
+        }
+    }
     let line = charge_head(&hold, Dir::Up, request_line_len(&req), req.headers());
     if let Err(refusal) = line {
         return door::refuse(&mut rec, refusal, Entry::Absolute);
@@ -191,7 +211,7 @@ pub async fn handle(
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
-    let up_req = match upstream_request(req, &target, wants_upgrade, hold.clone()) {
+    let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone()) {
         Ok((r, counter)) => (r, counter),
         Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
     };
@@ -228,6 +248,10 @@ pub async fn handle(
         return door::refuse(&mut rec, refusal, Entry::Absolute);
     }
 
+    if inspected && resp.status() == StatusCode::SWITCHING_PROTOCOLS && !is_websocket_upgrade(resp.headers()) {
+        let detail = "the upstream switched to a protocol other than WebSocket";
+        return reject(&mut rec, DenyReason::UpstreamUnreachable, detail);
+    }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade
     {
@@ -242,10 +266,12 @@ pub async fn handle(
 }
 
 /// Builds the upstream request: origin-form URI, hop-by-hop headers and proxy
-/// credentials removed, `Host` set from the normalised target.
+/// credentials removed, `Host` set from the normalised target (`text`, as the access
+/// record shows it).
 fn upstream_request(
     req: Request<Incoming>,
     target: &Target,
+    text: &str,
     upgrade: bool,
     hold: Arc<Hold>,
 ) -> Result<(Request<UpBody>, Arc<AtomicU64>), &'static str> {
@@ -256,9 +282,8 @@ fn upstream_request(
         Some(p) => Uri::try_from(format!("/{}", p.as_str())).map_err(|_| "invalid request path")?,
         None => Uri::from(PathAndQuery::from_static("/")),
     };
-    let text = crate::access_log::Text::display(target);
     strip_hop_by_hop(&mut parts.headers, upgrade);
-    let host = if target.port == 80 { text.strip_suffix(":80").unwrap_or(&text) } else { &text };
+    let host = if target.port == 80 { text.strip_suffix(":80").unwrap_or(text) } else { text };
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));

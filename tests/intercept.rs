@@ -283,6 +283,32 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
 }
 
 #[test]
+fn plain_http_to_an_inspected_host_sends_on_only_what_was_judged() {
+    let w = world();
+    let url = format!("http://inspect.test:{}/echo", w.origin.port());
+    // A GET the rules allow, carrying a second request as its body: an upstream that
+    // ignores a GET's body would read it as a request no rule judged.
+    let smuggled = "GET /echo/admin/users HTTP/1.1\r\nHost: inspect.test\r\n\r\n";
+    let r = curl(&w, &w.gw_ca, &["-X", "GET", "--data-binary", smuggled], &url);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: bad_request"), "{}", r.headers);
+    assert!(r.body.contains("GET or HEAD request with a body"), "{}", r.body);
+    // An upgrade to h2c would be a pipe no rule judges.
+    let h2c = [
+        "-H",
+        "Connection: Upgrade, HTTP2-Settings",
+        "-H",
+        "Upgrade: h2c",
+        "-H",
+        "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA",
+    ];
+    let r = curl(&w, &w.gw_ca, &h2c, &url);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("only WebSocket upgrades"), "{}", r.body);
+    assert!(w.origin.recorded().is_empty(), "neither reached the origin");
+}
+
+#[test]
 fn pinned_hosts_in_never_stay_opaque_tunnels() {
     let w = world();
     // The origin's own certificate reaches the client: it trusts only the origin's CA.

@@ -28,6 +28,13 @@ pub fn rule_headers(h: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
+/// An upgrade to WebSocket only. Where requests are judged one by one (inspected
+/// hosts), an upgrade to `h2c` or another protocol would be an unjudged pipe.
+pub fn is_websocket_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && h.get_all(header::UPGRADE).iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+}
+
 pub fn is_upgrade(h: &HeaderMap) -> bool {
     h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
 }
@@ -42,8 +49,14 @@ fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
 }
 
 /// Removes hop-by-hop headers, including those named in `Connection`. For an upgrade,
-/// `Upgrade` and `Connection: upgrade` are kept so the upstream sees the handshake.
+/// `Upgrade` and `Connection: upgrade` are kept so the upstream sees the handshake. A
+/// message that came chunked loses its `Content-Length` too (RFC 9112, 6.3: the
+/// transfer coding decides its length, and it is sent on with the gateway's own
+/// framing, which a stale length would cut short).
 pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
+    if h.contains_key(header::TRANSFER_ENCODING) {
+        h.remove(header::CONTENT_LENGTH);
+    }
     if h.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = connection_tokens(h)
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
@@ -83,6 +96,31 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn a_chunked_message_loses_its_content_length() {
+        let mut h = HeaderMap::new();
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("content-length", HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = HeaderMap::new();
+        h.insert("content-length", HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h["content-length"], "3", "a length alone stays");
+    }
+
+    #[test]
+    fn only_websocket_is_a_websocket_upgrade() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Upgrade, HTTP2-Settings"));
+        h.insert("upgrade", HeaderValue::from_static("h2c"));
+        assert!(is_upgrade(&h) && !is_websocket_upgrade(&h));
+        h.insert("upgrade", HeaderValue::from_static("WebSocket"));
+        assert!(is_websocket_upgrade(&h));
+        h.append("upgrade", HeaderValue::from_static("h2c"));
+        assert!(!is_websocket_upgrade(&h), "every offered protocol must be WebSocket");
     }
 
     #[test]

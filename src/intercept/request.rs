@@ -19,7 +19,7 @@ use crate::addr::Target;
 use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
-use crate::door::headers::{is_upgrade, strip_hop_by_hop};
+use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop};
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
@@ -59,12 +59,8 @@ pub async fn handle(
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let mut body = Some(body);
-    let websocket = |h: &HeaderMap| {
-        h.get_all(header::UPGRADE).iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
-            && h.contains_key(header::UPGRADE)
-    };
     // Only WebSocket is relayed: `h2c` or another protocol would be an unjudged pipe.
-    if wants_upgrade && !websocket(&parts.headers) {
+    if wants_upgrade && !is_websocket_upgrade(&parts.headers) {
         let hint = "only WebSocket upgrades are relayed inside an inspected connection";
         return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
     }
@@ -259,7 +255,7 @@ pub async fn handle(
         return door::refuse(&mut rec, refusal, Entry::Absolute);
     }
 
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !websocket(resp.headers()) {
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !is_websocket_upgrade(resp.headers()) {
         let detail = "the upstream switched to a protocol other than WebSocket";
         return finish(&mut rec, DenyReason::UpstreamUnreachable, None, detail, Entry::Absolute);
     }
