@@ -164,24 +164,26 @@ struct Escaped<'w>(&'w mut dyn Write);
 
 impl Write for Escaped<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        // Every byte to escape is ASCII, and no byte of a multi-byte character is: a
+        // byte scan finds them, and each run between them is written whole.
         let mut start = 0;
-        for (i, c) in s.char_indices() {
-            let esc = match c {
-                '"' => "\\\"",
-                '\\' => "\\\\",
-                '\n' => "\\n",
-                '\r' => "\\r",
-                '\t' => "\\t",
-                c if (c as u32) < 0x20 => "",
+        for (i, b) in s.bytes().enumerate() {
+            let esc = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                b if b < 0x20 => "",
                 _ => continue,
             };
             self.0.write_str(&s[start..i])?;
             if esc.is_empty() {
-                write!(self.0, "\\u{:04x}", c as u32)?;
+                write!(self.0, "\\u{:04x}", b)?;
             } else {
                 self.0.write_str(esc)?;
             }
-            start = i + c.len_utf8();
+            start = i + 1;
         }
         self.0.write_str(&s[start..])
     }
