@@ -45,22 +45,29 @@ pub fn serve(listen: &str) {
 /// or absolute-form requests, forwarded until the client closes.
 async fn tunnel(mut client: TcpStream) -> io::Result<()> {
     client.set_nodelay(true)?;
-    let mut buf = vec![0u8; 16 * 1024];
-    let (n, end) = read_head(&mut client, &mut buf, 0).await?;
-    let Some(target) = std::str::from_utf8(&buf[..end]).ok().and_then(|h| h.strip_prefix("CONNECT ")) else {
-        return forward(client, buf, n).await;
+    let upstream = {
+        // A CONNECT head fits in 1 KiB on the stack, as in any lean relay, and the
+        // buffer is gone before the tunnel runs; a forwarded request's connection
+        // moves what it read to a buffer of its own.
+        let mut buf = [0u8; 1024];
+        let (n, end) = read_head(&mut client, &mut buf, 0).await?;
+        let Some(target) = std::str::from_utf8(&buf[..end]).ok().and_then(|h| h.strip_prefix("CONNECT ")) else {
+            let mut owned = vec![0u8; 16 * 1024];
+            owned[..n].copy_from_slice(&buf[..n]);
+            return forward(client, owned, n).await;
+        };
+        let target: SocketAddr = target
+            .split(' ')
+            .next()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| io::Error::other("not a CONNECT to an address"))?;
+        let mut upstream = TcpStream::connect(target).await?;
+        upstream.set_nodelay(true)?;
+        client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await?;
+        // Bytes the client sent after its head belong upstream.
+        upstream.write_all(&buf[end..n]).await?;
+        upstream
     };
-    let target: SocketAddr = target
-        .split(' ')
-        .next()
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| io::Error::other("not a CONNECT to an address"))?;
-    let mut upstream = TcpStream::connect(target).await?;
-    upstream.set_nodelay(true)?;
-    client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await?;
-    // Bytes the client sent after its head belong upstream.
-    upstream.write_all(&buf[end..n]).await?;
-    drop(buf);
     let _ = tokio::join!(one_way(&client, &upstream, &()), one_way(&upstream, &client, &()));
     Ok(())
 }
