@@ -1,7 +1,7 @@
 //! Load benchmark: egress-gateway against Squid and tinyproxy (each configured for the
 //! same job: basic auth, a destination allowlist, no cache, access logging), a bare
-//! relay with none of that (`load/relay.rs`, the floor under any proxy here) and a
-//! direct connection, in one run, on loopback. Run it through `bash benches/load.sh`,
+//! relay and keep-alive forwarder with none of that (`load/relay.rs`, the floor under
+//! any proxy here) and a direct connection, in one run, on loopback. Run it through `bash benches/load.sh`,
 //! which installs the peers; `cargo bench --bench load` works once they are present.
 //!
 //! Measures, per proxy: CONNECT setups per second (connect, CONNECT, one small GET,
