@@ -20,7 +20,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::budget::Dir;
 use crate::door::bodies::{Counting, LoggedBody, charge_head, request_line_len};
-use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop};
+use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop, unjudged_framing};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
 use crate::policy::{DenyReason, Subject};
@@ -185,24 +185,11 @@ pub async fn handle(
             return reject(&mut rec, DenyReason::SecretNotAllowed, &hint);
         }
     }
-    // What a request rule judged must be all that reaches an inspected host: no
-    // upgrade but WebSocket (`h2c` would be an unjudged pipe), and no GET or HEAD with a
-    // body (an upstream that ignores it would read the body as a second, unjudged
-    // request).
-    if inspected {
-        if is_upgrade(req.headers()) && !is_websocket_upgrade(req.headers()) {
-            return reject(
-                &mut rec,
-                DenyReason::BadRequest,
-                "only WebSocket upgrades are relayed to an inspected host",
-            );
-        }
-        if matches!(*req.method(), http::Method::GET | http::Method::HEAD)
-            && !http_body::Body::is_end_stream(req.body())
-        {
-            let hint = "a GET or HEAD request with a body is not sent on: upstreams disagree on its framing";
-            return reject(&mut rec, DenyReason::BadRequest, hint);
-        }
+    // What a request rule judged must be all that reaches an inspected host.
+    if inspected
+        && let Some(hint) = unjudged_framing(req.method(), req.headers(), !http_body::Body::is_end_stream(req.body()))
+    {
+        return reject(&mut rec, DenyReason::BadRequest, hint);
     }
     let line = charge_head(&hold, Dir::Up, request_line_len(&req), req.headers());
     if let Err(refusal) = line {

@@ -35,6 +35,20 @@ pub fn is_websocket_upgrade(h: &HeaderMap) -> bool {
         && h.get_all(header::UPGRADE).iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
 }
 
+/// Where each request to a host is judged by request rules (an inspected host, over
+/// TLS or plain HTTP), what may not be sent on, and why: an upgrade to anything but
+/// WebSocket (an unjudged pipe), and a GET or HEAD with a body (an upstream that
+/// ignores it would read the body as a second request no rule judged).
+pub fn unjudged_framing(method: &http::Method, h: &HeaderMap, has_body: bool) -> Option<&'static str> {
+    if is_upgrade(h) && !is_websocket_upgrade(h) {
+        return Some("only WebSocket upgrades are relayed to an inspected host");
+    }
+    if matches!(*method, http::Method::GET | http::Method::HEAD) && has_body {
+        return Some("a GET or HEAD request with a body is not sent on: upstreams disagree on its framing");
+    }
+    None
+}
+
 pub fn is_upgrade(h: &HeaderMap) -> bool {
     h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
 }

@@ -19,7 +19,7 @@ use crate::addr::Target;
 use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
-use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop};
+use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop, unjudged_framing};
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
@@ -59,18 +59,9 @@ pub async fn handle(
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let mut body = Some(body);
-    // Only WebSocket is relayed: `h2c` or another protocol would be an unjudged pipe.
-    if wants_upgrade && !is_websocket_upgrade(&parts.headers) {
-        let hint = "only WebSocket upgrades are relayed inside an inspected connection";
-        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
-    }
-    // Upstreams disagree on whether a GET or HEAD has a body: one that ignores it
-    // would read the body as the next request on the pooled connection.
-    if matches!(parts.method, http::Method::GET | http::Method::HEAD)
-        && body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b))
-    {
+    let has_body = body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b));
+    if let Some(hint) = unjudged_framing(&parts.method, &parts.headers, has_body) {
         drain_rest(body.take(), door).await;
-        let hint = "a GET or HEAD request with a body is not sent on: upstreams disagree on its framing";
         return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
     }
     // The gateway already answered any `Expect: 100-continue` itself.
