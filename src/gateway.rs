@@ -6,8 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -31,15 +29,9 @@ fn upstream_routes(
         .map_err(|e| GatewayError::Github(format!("github.ca_file: {e}")))?;
     let connector = crate::https_client::HttpsConnector::new(resolver.clone(), tls);
     let credentials = crate::git::credentials::Credentials::new(gh, connector.clone()).map_err(GatewayError::Github)?;
-    let client = || {
-        Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .set_host(true)
-            .build(connector.clone())
-    };
-    let routes = crate::routes::Routes { client: client() };
-    Ok((crate::git::handler::GitRoute { client: client(), credentials }, routes))
+    let clients = || crate::https_client::Clients::new(connector.clone());
+    let routes = crate::routes::Routes { clients: clients() };
+    Ok((crate::git::handler::GitRoute { clients: clients(), credentials }, routes))
 }
 
 /// Everything the proxy port needs, without listeners: loaded policies, the resolver,

@@ -2,17 +2,19 @@
 //! every connection is resolved, vetted and dialled like sandbox traffic, then TLS is
 //! verified against the platform's roots plus an optional extra CA file.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use http::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
@@ -135,17 +137,81 @@ impl Write for Stream {
     }
 }
 
-/// The client the git route and the API routes send with.
+/// One sandbox's HTTPS client: its own pool of upstream connections.
 pub type HttpsClient = hyper_util::client::legacy::Client<HttpsConnector, ProxyBody>;
 
-/// Sends `req` and waits up to `timeout` for the response headers. A failure maps to a
-/// deny reason and a detail that names the upstream as `what`.
+/// How long an unused upstream connection stays pooled, and an unused sandbox's client
+/// kept.
+const IDLE: Duration = Duration::from_secs(60);
+/// Idle connections a sandbox keeps per upstream host.
+const IDLE_PER_HOST: usize = 16;
+/// Above this many sandboxes' clients, unused ones are swept (at most once per [`IDLE`]).
+const SWEEP_ABOVE: usize = 256;
+
+/// The HTTPS clients of TLS inspection, the git route and the API routes: one per
+/// sandbox, each with its own connection pool. A connection is reused only by the
+/// sandbox that opened it, so what one sandbox's exchange leaves on a connection (a
+/// late or misframed response) can never answer another sandbox's request.
+pub struct Clients {
+    connector: HttpsConnector,
+    pools: Mutex<Pools>,
+}
+
+struct Pools {
+    by_sandbox: HashMap<Arc<str>, (HttpsClient, Instant)>,
+    swept: Instant,
+}
+
+impl Clients {
+    pub fn new(connector: HttpsConnector) -> Self {
+        let pools = Pools { by_sandbox: HashMap::new(), swept: Instant::now() };
+        Clients { connector, pools: Mutex::new(pools) }
+    }
+
+    /// `sandbox`'s client, made on first use.
+    pub fn for_sandbox(&self, sandbox: &Arc<str>) -> HttpsClient {
+        let now = Instant::now();
+        let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((client, used)) = pools.by_sandbox.get_mut(sandbox) {
+            *used = now;
+            return client.clone();
+        }
+        if pools.by_sandbox.len() >= SWEEP_ABOVE && now.duration_since(pools.swept) >= IDLE {
+            // A dropped client's idle connections close; one in use finishes its exchange.
+            pools.by_sandbox.retain(|_, (_, used)| now.duration_since(*used) < IDLE);
+            pools.swept = now;
+        }
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(IDLE)
+            .pool_max_idle_per_host(IDLE_PER_HOST)
+            .set_host(true)
+            .build(self.connector.clone());
+        pools.by_sandbox.insert(sandbox.clone(), (client.clone(), now));
+        client
+    }
+
+    /// How many sandboxes have a client now.
+    pub fn len(&self) -> usize {
+        self.pools.lock().unwrap_or_else(PoisonError::into_inner).by_sandbox.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Sends `req` over `sandbox`'s own connections and waits up to `timeout` for the
+/// response headers. A failure maps to a deny reason and a detail that names the
+/// upstream as `what`.
 pub async fn send(
-    client: &HttpsClient,
+    clients: &Clients,
+    sandbox: &Arc<str>,
     req: http::Request<ProxyBody>,
-    timeout: std::time::Duration,
+    timeout: Duration,
     what: &str,
 ) -> Result<http::Response<hyper::body::Incoming>, (DenyReason, String)> {
+    let client = clients.for_sandbox(sandbox);
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) => Err(match crate::dial::dial_error(&e) {

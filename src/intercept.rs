@@ -4,7 +4,7 @@
 //! ALPN) are served one by one and each is decided on its own. The dispatcher
 //! chooses, per request, the git route, an API route or [`request::handle`], which
 //! decides request rules, swaps placeholder secrets (`intercept::secrets`) and sends
-//! the request on over a fresh, verified, pooled TLS connection.
+//! the request on over a verified TLS connection from the sandbox's own pool.
 
 pub mod ca;
 pub mod github_api;
@@ -27,26 +27,22 @@ use tokio_util::sync::CancellationToken;
 use crate::addr::{Host, Target};
 use crate::config::InterceptConfig;
 use crate::door::ProxyBody;
-use crate::https_client::{HttpsClient, HttpsConnector};
+use crate::https_client::{Clients, HttpsConnector};
 use crate::resolve::Resolver;
 
 /// What inspection runs with: the CA and the upstream client.
 pub struct Intercept {
     pub ca: ca::Authority,
-    /// Pooled per host; verifies upstream certificates against the system roots plus
-    /// `intercept.upstream_ca_file`; resumes TLS sessions.
-    pub client: HttpsClient,
+    /// One pool per sandbox; verifies upstream certificates against the system roots
+    /// plus `intercept.upstream_ca_file`; resumes TLS sessions.
+    pub clients: Clients,
 }
 
 impl Intercept {
     pub fn new(cfg: &InterceptConfig, resolver: Arc<Resolver>) -> Result<Intercept, String> {
         let ca = ca::Authority::load(&cfg.ca_cert_file, &cfg.ca_key_file, cfg.leaf_ttl)?;
         let tls = crate::https_client::client_config(cfg.upstream_ca_file.as_deref())?;
-        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(32)
-            .build(HttpsConnector::new(resolver, tls));
-        Ok(Intercept { ca, client })
+        Ok(Intercept { ca, clients: Clients::new(HttpsConnector::new(resolver, tls)) })
     }
 }
 

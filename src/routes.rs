@@ -29,11 +29,9 @@ use crate::policy::{DenyReason, Subject};
 use crate::redact;
 use crate::reload::State;
 
-pub type RouteClient = crate::https_client::HttpsClient;
-
-/// The API routes' upstream client.
+/// The API routes' upstream clients, one per sandbox.
 pub struct Routes {
-    pub client: RouteClient,
+    pub clients: crate::https_client::Clients,
 }
 
 /// Per route: the per-sandbox request budget (`sandbox_requests_per_minute`), which
@@ -108,6 +106,7 @@ pub async fn handle(
     let route = identity.policy.routes().find_map(|name| candidates.iter().find(|r| r.name == name)).unwrap_or(first);
     rec.target = format!("route:{}", route.name).into();
     let subject = Subject::Route { route: route.name.clone(), method: method.clone(), path: upstream_path.clone() };
+    let sandbox = identity.sandbox.clone();
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
         Ok(a) => Arc::new(a.hold),
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
@@ -148,7 +147,7 @@ pub async fn handle(
     let timeout = door.config.proxy.response_header_timeout;
     let sent = hold
         .registration()
-        .unless_ended(crate::https_client::send(&routes_client.client, up, timeout, "the API"))
+        .unless_ended(crate::https_client::send(&routes_client.clients, &sandbox, up, timeout, "the API"))
         .await;
     let resp = match sent {
         Some(Ok(r)) => r,

@@ -12,6 +12,8 @@ use support::tls::TestCa;
 use support::{TOKEN_A, TOKEN_B, TestGateway, TestOrigin, sha256_hex};
 
 const SECRET: &str = "sk-real+value/7d1e0c";
+/// A second sandbox under policy a.
+const TOKEN_A2: &str = "token-a2-93c1e0b7d5f24a68";
 
 struct World {
     gw: TestGateway,
@@ -71,9 +73,15 @@ policy = "a"
 id = "sbx-b"
 token_sha256 = "{b}"
 policy = "b"
+
+[[sandboxes]]
+id = "sbx-a2"
+token_sha256 = "{a2}"
+policy = "a"
 "#,
         a = sha256_hex(TOKEN_A),
         b = sha256_hex(TOKEN_B),
+        a2 = sha256_hex(TOKEN_A2),
     )
 }
 
@@ -218,6 +226,31 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
 
     let access = w.gw.wait_for_access(1, |l| l["kind"] == "inspect" && l["reason"] == "request_not_allowed");
     assert!(access.iter().any(|l| l["rule"].as_str().is_some_and(|r| r.contains("admin"))), "{access:?}");
+}
+
+#[test]
+fn sandboxes_never_share_an_upstream_connection() {
+    // Requests on separate client connections reuse their sandbox's pooled upstream
+    // connection, and never another sandbox's, even one under the same policy: what one
+    // sandbox's exchange leaves on a connection (a late or misframed response) must not
+    // answer another's request.
+    let w = world();
+    let url = |path: &str| format!("https://inspect.test:{}{path}", w.origin.port());
+    let turns = [("sbx-a", TOKEN_A, "/echo"), ("sbx-a", TOKEN_A, "/echo"), ("sbx-a2", TOKEN_A2, "/echo")];
+    for (i, (sandbox, token, path)) in turns.into_iter().chain([("sbx-a", TOKEN_A, "/echo")]).enumerate() {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "20", "--cacert", w.gw_ca.to_str().unwrap()])
+            .args(["-x", &w.gw.proxy_url(sandbox, token), "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(url(path))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "turn {i}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let peers: Vec<_> = w.origin.recorded().iter().map(|r| r.peer).collect();
+    assert_eq!(peers.len(), 4, "{peers:?}");
+    assert_eq!(peers[0], peers[1], "a sandbox reuses its own pooled connection: {peers:?}");
+    assert_ne!(peers[2], peers[0], "sbx-a2 got sbx-a's connection: {peers:?}");
+    assert_eq!(peers[3], peers[0], "sbx-a's connection stayed its own: {peers:?}");
 }
 
 #[test]

@@ -36,11 +36,10 @@ use crate::reload::State;
 /// Longest push command list read ahead of the pack.
 const MAX_COMMANDS_BYTES: usize = 256 * 1024;
 
-pub type GitClient = crate::https_client::HttpsClient;
-
 /// The route's upstream machinery, built at start-up.
 pub struct GitRoute {
-    pub client: GitClient,
+    /// One per sandbox.
+    pub clients: crate::https_client::Clients,
     pub credentials: super::credentials::Credentials,
 }
 
@@ -203,7 +202,10 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = door.config.proxy.response_header_timeout;
-    let sent = hold.registration().unless_ended(crate::https_client::send(&route.client, up, timeout, "GitHub")).await;
+    let sent = hold
+        .registration()
+        .unless_ended(crate::https_client::send(&route.clients, &identity.sandbox, up, timeout, "GitHub"))
+        .await;
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),

@@ -233,7 +233,13 @@ pub async fn handle(
     let timeout = door.config.proxy.response_header_timeout;
     let sent = hold
         .registration()
-        .unless_ended(crate::https_client::send(&intercept.client, up, timeout, "the inspected host"))
+        .unless_ended(crate::https_client::send(
+            &intercept.clients,
+            &identity.sandbox,
+            up,
+            timeout,
+            "the inspected host",
+        ))
         .await;
     let resp = match sent {
         Some(Ok(r)) => r,
