@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::budget::Dir;
-use crate::door::bodies::{Counting, LoggedBody, charge_head, request_line_len};
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
 use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop, unjudged_framing};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
@@ -27,8 +27,9 @@ use crate::policy::{DenyReason, Subject};
 use crate::reload::State;
 use crate::resolve::DialError;
 
-/// What a forwarded request body is, upstream: counted, and cut by a sweep.
-pub type UpBody = Counting<Revocable<Incoming>>;
+/// What a forwarded request body is, upstream: counted, cut by a sweep, and failed
+/// after `proxy.tunnel_idle_timeout` without a byte.
+pub type UpBody = Counting<Revocable<IdleBody<Incoming>>>;
 
 /// A client connection's upstream connection, which its forwarded requests to the same
 /// host reuse. One per client connection, never shared between client connections:
@@ -198,7 +199,8 @@ pub async fn handle(
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
-    let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone()) {
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone(), idle) {
         Ok((r, counter)) => (r, counter),
         Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
     };
@@ -247,7 +249,8 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    let body = Revocable::new(body, hold.clone(), Dir::Down);
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    let body = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }
@@ -261,6 +264,7 @@ fn upstream_request(
     text: &str,
     upgrade: bool,
     hold: Arc<Hold>,
+    idle: std::time::Duration,
 ) -> Result<(Request<UpBody>, Arc<AtomicU64>), &'static str> {
     let (mut parts, body) = req.into_parts();
     // Origin-form upstream: the path and query only, never the client's userinfo.
@@ -274,6 +278,6 @@ fn upstream_request(
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));
-    let body = Counting::new(Revocable::new(body, hold, Dir::Up), counter.clone());
+    let body = Counting::new(Revocable::new(IdleBody::new(body, idle), hold, Dir::Up), counter.clone());
     Ok((Request::from_parts(parts, body), counter))
 }

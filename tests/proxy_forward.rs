@@ -171,6 +171,22 @@ fn absolute_form_denials_and_bad_forms() {
 }
 
 #[test]
+fn a_stalled_forwarded_body_ends_after_the_idle_timeout() {
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG.replace("tunnel_idle_timeout = \"30s\"", "tunnel_idle_timeout = \"1s\"");
+    assert_ne!(config, STANDARD_CONFIG);
+    let gw = TestGateway::start(&config, &standard_policy());
+    let proxy = gw.proxy_url("sbx-a", TOKEN_A);
+    // Bytes every 400 ms for 2 s: never idle for 1 s, so the whole body arrives.
+    let out = curl(&["-x", &proxy, &format!("http://origin.test:{}/slow/5/400", origin.port())]);
+    assert_eq!((out.exit, out.status, out.body.len()), (0, 200, 5 * 1024), "{}", out.stderr);
+    // Headers, then 3 s of silence: the gateway ends the response instead of waiting.
+    let out = curl(&["-x", &proxy, &format!("http://origin.test:{}/slow/2/3000", origin.port())]);
+    assert_ne!(out.exit, 0, "the stalled body must be cut, {} bytes arrived", out.body.len());
+    assert!(out.body.is_empty(), "{} bytes arrived", out.body.len());
+}
+
+#[test]
 fn connection_limit_answers_503_limit_exceeded() {
     let origin = TestOrigin::http();
     let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nmax_connections = 2\n");

@@ -80,16 +80,20 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counting<B> {
 }
 
 /// Fails a body that yields nothing for `idle` (an idle timeout, not a total one: a
-/// large pack may take as long as it needs while bytes flow).
+/// large pack may take as long as it needs while bytes flow). The clock starts when a
+/// poll first finds nothing ready, so a body that is always ready (a small response
+/// read with its head) never sets a timer.
 pub struct IdleBody<B> {
     inner: B,
     idle: Duration,
-    timer: Pin<Box<tokio::time::Sleep>>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A frame came since the timer was set: the next wait starts a new idle period.
+    moved: bool,
 }
 
 impl<B> IdleBody<B> {
     pub fn new(inner: B, idle: Duration) -> Self {
-        IdleBody { inner, idle, timer: Box::pin(tokio::time::sleep(idle)) }
+        IdleBody { inner, idle, timer: None, moved: false }
     }
 }
 
@@ -108,14 +112,26 @@ where
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(r) => {
-                let deadline = tokio::time::Instant::now() + self.idle;
-                self.timer.as_mut().reset(deadline);
+                self.moved = true;
                 Poll::Ready(r.map(|x| x.map_err(Into::into)))
             }
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout)))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let idle = self.idle;
+                let this = &mut *self;
+                let timer = match &mut this.timer {
+                    Some(t) if this.moved => {
+                        t.as_mut().reset(tokio::time::Instant::now() + idle);
+                        t
+                    }
+                    Some(t) => t,
+                    None => this.timer.insert(Box::pin(tokio::time::sleep(idle))),
+                };
+                this.moved = false;
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout)))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
@@ -201,5 +217,59 @@ pub async fn drain(mut body: hyper::body::Incoming, idle: Duration) {
             Ok(Some(Ok(frame))) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
             _ => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use tokio::sync::mpsc;
+
+    /// A body fed by hand, one chunk per send; ends when the sender is dropped.
+    struct Fed(mpsc::Receiver<Bytes>);
+
+    impl Body for Fed {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_body_fails_only_after_a_silence_of_idle() {
+        let (tx, rx) = mpsc::channel(4);
+        let mut body = IdleBody::new(Fed(rx), Duration::from_secs(10));
+        // Chunks 6 s apart for 30 s: never idle for 10 s, so never failed.
+        let feeder = tokio::spawn(async move {
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                tx.send(Bytes::from_static(b"x")).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(tx);
+        });
+        let started = tokio::time::Instant::now();
+        for _ in 0..5 {
+            let frame = body.frame().await.unwrap().unwrap();
+            assert_eq!(frame.into_data().unwrap(), "x");
+        }
+        // Then silence: it fails 10 s after the last chunk, not 10 s after the first wait.
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(err.is::<IdleTimeout>(), "{err}");
+        assert_eq!(started.elapsed(), Duration::from_secs(40));
+        feeder.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_body_sets_no_timer_for_a_ready_body() {
+        let mut body = IdleBody::new(http_body_util::Full::new(Bytes::from_static(b"ready")), Duration::from_secs(1));
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "ready");
+        assert!(body.frame().await.is_none());
+        assert!(body.timer.is_none());
     }
 }
