@@ -37,7 +37,7 @@ use crate::reload::Store;
 use crate::resolve::Resolver;
 
 pub use authorize::{Authorized, SANDBOX_CONNECTIONS_HINT, authorize, authorize_as, identified};
-pub use identify::{AUTH_HINT, Presented, identify, identify_by_address};
+pub use identify::{AUTH_HINT, Presented, Remembered, identify, identify_by_address};
 pub use record::{Refusal, refuse};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -92,6 +92,10 @@ pub struct ConnInfo {
     /// Inside an inspected connection (TLS terminated by the gateway): the sandbox that
     /// opened it, which every request on it is.
     pub identity: Option<crate::auth::Identity>,
+    /// On a connection hyper serves: the credentials its last request proved
+    /// ([`Remembered`]), so that a keep-alive request presenting the same
+    /// ones under the same state is not parsed and hashed again.
+    pub remembered: Option<Arc<identify::Remembered>>,
 }
 
 impl std::fmt::Debug for ConnInfo {

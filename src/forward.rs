@@ -96,19 +96,28 @@ async fn exchange(
             },
         }
     }
+    // Boxed: the dial's state is large, and a request over a kept connection (the
+    // common case) would otherwise carry and move it too.
+    let (mut send, addr) = Box::pin(open(door, target)).await?;
+    let resp = send.send_request(req).await.map_err(ExchangeError::Http)?;
+    if keep {
+        upstream.keep(Kept { target: target.clone(), sandbox: sandbox.clone(), addr, send });
+    }
+    Ok((resp, addr))
+}
+
+/// A new upstream connection to `target`, dialled to a vetted address, driven by a
+/// task of its own.
+async fn open(door: &Door, target: &Target) -> Result<(SendRequest<UpBody>, SocketAddr), ExchangeError> {
     let (stream, addr) = door.resolver.dial(target).await.map_err(ExchangeError::Dial)?;
-    let (mut send, conn) =
+    let (send, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(ExchangeError::Http)?;
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(upstream_addr = %addr, error = %e, "upstream connection ended with an error");
         }
     });
-    let resp = send.send_request(req).await.map_err(ExchangeError::Http)?;
-    if keep {
-        upstream.keep(Kept { target: target.clone(), sandbox: sandbox.clone(), addr, send });
-    }
-    Ok((resp, addr))
+    Ok((send, addr))
 }
 
 pub async fn handle(

@@ -351,3 +351,61 @@ fn an_upload_outliving_its_response_is_cut_by_revocation() {
     let got = String::from_utf8_lossy(&received.lock().unwrap()).into_owned();
     assert!(got.contains("first") && !got.contains("after-revocation"), "{got}");
 }
+
+/// A keep-alive connection's requests are checked again whenever they could be
+/// decided differently: another credential, a reload that rotates the token, a signed
+/// token that expired while the connection stayed open.
+#[test]
+fn keep_alive_requests_are_checked_again_when_the_answer_could_change() {
+    use std::io::Write;
+    let keys = Keys::new();
+    let origin = TestOrigin::http();
+    let config = format!("{STANDARD_CONFIG}{}", keys.section(true)).replace("leeway = \"5s\"", "leeway = \"0s\"");
+    assert!(config.contains("leeway = \"0s\""));
+    let gw = TestGateway::start(&config, &standard_policy());
+    let get = |s: &mut std::net::TcpStream, user: &str, token: &str| {
+        let req = format!(
+            "GET http://origin.test:{}/echo HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+            origin.port(),
+            basic(user, token)
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        raw::read_response(s)
+    };
+
+    // Another credential on the same connection is checked on its own.
+    let mut s = raw::connect(gw.addr);
+    assert_eq!(status(&get(&mut s, "sbx-a", support::TOKEN_A)), 200);
+    let resp = get(&mut s, "sbx-a", "not-the-token");
+    assert_eq!(status(&resp), 407, "{resp}");
+    assert!(resp.contains("auth_invalid"), "{resp}");
+
+    // A signed token that expires while its connection stays open is refused then.
+    let t = now();
+    let short = hs256(&serde_json::json!({"sub": "sbx-k1", "pol": "a", "iat": t, "exp": t + 2}), "k-hs", HS_SECRET);
+    let mut s = raw::connect(gw.addr);
+    assert_eq!(status(&get(&mut s, "sbx-k1", &short)), 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let resp = get(&mut s, "sbx-k1", &short);
+        if status(&resp) == 407 {
+            assert!(resp.contains("token_expired"), "{resp}");
+            break;
+        }
+        assert_eq!(status(&resp), 200, "{resp}");
+        assert!(std::time::Instant::now() < deadline, "the expired token was still accepted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(now() > t + 2, "refused only after its exp");
+
+    // A reload that rotates the static token refuses the old one on a kept connection.
+    let mut s = raw::connect(gw.addr);
+    assert_eq!(status(&get(&mut s, "sbx-a", support::TOKEN_A)), 200);
+    let rotated =
+        standard_policy().replace(&support::sha256_hex(support::TOKEN_A), &support::sha256_hex("a-new-token"));
+    std::fs::write(gw.dir.path().join("policy/test.toml"), rotated).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded");
+    let resp = get(&mut s, "sbx-a", support::TOKEN_A);
+    assert_eq!(status(&resp), 407, "{resp}");
+}

@@ -99,16 +99,60 @@ pub fn identify(door: &Door, state: &State, conn: &ConnInfo, presented: Presente
     if !door.admission.may_try(ip) {
         return Err(AuthError::TooManyFailures);
     }
+    let now = crate::tokens::now();
+    let memo = conn.remembered.as_deref().zip(presented.proxy_authorization);
+    if let Some((memo, value)) = memo
+        && let Some(identity) = memo.recall(value, state.generation, now)
+    {
+        return Ok(identity);
+    }
     let result = presented
         .credentials()
-        .and_then(|c| auth::authenticate(&state.policies, &state.tokens, &c, crate::tokens::now()))
+        .and_then(|c| auth::authenticate(&state.policies, &state.tokens, &c, now))
         .and_then(|identity| check_binding(&identity, conn).map(|()| identity));
-    if let Err(e) = &result
-        && *e != AuthError::Missing
-    {
-        door.admission.failed(ip);
+    match &result {
+        Ok(identity) => {
+            if let Some((memo, value)) = memo {
+                memo.remember(value, state.generation, identity);
+            }
+        }
+        Err(AuthError::Missing) => {}
+        Err(_) => door.admission.failed(ip),
     }
     result
+}
+
+/// The `Proxy-Authorization` value a connection's last request proved, the state it
+/// was proved under (its generation) and the identity it proved. What [`identify`]
+/// decides is a function of that value, the state, the connection and the time: a
+/// request on the same connection with the same bytes under the same generation is the
+/// same identity, unless a signed token has expired since (then it is checked again,
+/// and refused). A reload, another value or a failure never reuses it.
+#[derive(Default)]
+pub struct Remembered(std::sync::Mutex<Option<Proven>>);
+
+struct Proven {
+    value: Box<[u8]>,
+    generation: u64,
+    identity: Identity,
+}
+
+impl Remembered {
+    fn recall(&self, value: &[u8], generation: u64, now: u64) -> Option<Identity> {
+        let proven = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let p = proven.as_ref().filter(|p| p.generation == generation && *p.value == *value)?;
+        if let auth::Credential::Signed { expires, .. } = p.identity.credential
+            && expires < now
+        {
+            return None;
+        }
+        Some(p.identity.clone())
+    }
+
+    fn remember(&self, value: &[u8], generation: u64, identity: &Identity) {
+        let proven = Proven { value: value.into(), generation, identity: identity.clone() };
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(proven);
+    }
 }
 
 fn check_binding(identity: &Identity, conn: &ConnInfo) -> Result<(), AuthError> {

@@ -144,6 +144,7 @@ fn run(data: &[u8]) -> Vec<(Target, SocketAddr)> {
             client_cn: None,
             held: None,
             identity: None,
+            remembered: None,
         };
         let serve = crate::proxy::server::serve_stream(server, conn, h.shared.clone(), CancellationToken::new(), true);
         let talk = async {

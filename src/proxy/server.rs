@@ -266,7 +266,7 @@ pub(super) async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Sha
 async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
     if cfg.proxy_protocol == ProxyProtocol::Off {
-        return Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None });
+        return Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None, remembered: None });
     }
     let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
     let reject = |why: &'static str| {
@@ -288,12 +288,13 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
                     client_cn: None,
                     held: None,
                     identity: None,
+                    remembered: None,
                 }),
                 Err(_) => reject("malformed_header"),
             }
         }
         (_, _, ProxyProtocol::Required) => reject("missing_header"),
-        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None }),
+        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None, remembered: None }),
     }
 }
 
@@ -326,6 +327,8 @@ pub async fn serve_stream<I>(
         .max_headers(cfg.max_headers)
         .keep_alive(true);
     let svc_shared = shared.clone();
+    let remembered = Some(Arc::new(crate::door::Remembered::default()));
+    let conn = ConnInfo { remembered, ..conn };
     // The connection's facts and its upstream connection: one clone per request.
     let per_conn = Arc::new((conn.clone(), crate::forward::Upstream::default()));
     let service = service_fn(move |req| {
