@@ -191,6 +191,13 @@ impl Clients {
         client
     }
 
+    /// Drops every sandbox's client and its idle connections (on reload: a peer that
+    /// moved, or a sandbox id given to someone else, must not inherit a connection).
+    /// A connection in use finishes its exchange and then closes.
+    pub fn clear(&self) {
+        self.pools.lock().unwrap_or_else(PoisonError::into_inner).by_sandbox.clear();
+    }
+
     /// How many sandboxes have a client now.
     pub fn len(&self) -> usize {
         self.pools.lock().unwrap_or_else(PoisonError::into_inner).by_sandbox.len()

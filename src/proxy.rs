@@ -45,6 +45,12 @@ impl Shared {
     /// open connections the new state no longer allows (`proxy.close_revoked_tunnels`).
     pub fn reload(&self) -> Result<u64, crate::config::ConfigError> {
         let generation = self.store.reload(&self.config)?;
+        // Upstream HTTPS connections are not carried across a reload.
+        self.git.clients.clear();
+        self.routes.clients.clear();
+        if let Some(intercept) = &self.intercept {
+            intercept.clients.clear();
+        }
         if let Some(tls) = &self.tls
             && let Err(e) = tls.reload()
         {

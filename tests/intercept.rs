@@ -251,6 +251,20 @@ fn sandboxes_never_share_an_upstream_connection() {
     assert_eq!(peers[0], peers[1], "a sandbox reuses its own pooled connection: {peers:?}");
     assert_ne!(peers[2], peers[0], "sbx-a2 got sbx-a's connection: {peers:?}");
     assert_eq!(peers[3], peers[0], "sbx-a's connection stayed its own: {peers:?}");
+
+    // A reload (which may move a peer, or give a sandbox id to someone else) drops
+    // every pooled connection.
+    w.gw.signal("HUP");
+    w.gw.wait_for_log(std::time::Duration::from_secs(5), |v| v["msg"] == "policies reloaded");
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--cacert", w.gw_ca.to_str().unwrap()])
+        .args(["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(url("/echo"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    let after = w.origin.recorded().last().unwrap().peer;
+    assert_ne!(after, peers[0], "a pooled connection outlived the reload");
 }
 
 #[test]
