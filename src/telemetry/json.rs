@@ -49,7 +49,7 @@ pub fn write_event(w: &mut dyn Write, event: &Event<'_>, now: SystemTime) -> fmt
 }
 
 /// The start of an access-log line: `{"ts":"...","log":"access"`.
-pub fn access_head(w: &mut dyn Write, now: SystemTime) -> fmt::Result {
+pub fn access_head(w: &mut (impl Write + ?Sized), now: SystemTime) -> fmt::Result {
     w.write_str("{\"ts\":\"")?;
     crate::digits::rfc3339_millis(w, now)?;
     w.write_str("\",\"log\":\"access\"")
@@ -127,42 +127,42 @@ impl Visit for Fields<'_> {
 }
 
 /// `,"key":"value"` (escaped).
-pub fn field_str(w: &mut dyn Write, key: &str, value: &str) -> fmt::Result {
+pub fn field_str(w: &mut (impl Write + ?Sized), key: &str, value: &str) -> fmt::Result {
     field_key(w, key)?;
     string(w, value)
 }
 
 /// `,"key":`, for a key that needs no escaping.
-fn field_key(w: &mut dyn Write, key: &str) -> fmt::Result {
+fn field_key(w: &mut (impl Write + ?Sized), key: &str) -> fmt::Result {
     w.write_str(",\"")?;
     w.write_str(key)?;
     w.write_str("\":")
 }
 
 /// `,"key":value` for a number.
-pub fn field_u64(w: &mut dyn Write, key: &str, value: u64) -> fmt::Result {
+pub fn field_u64(w: &mut (impl Write + ?Sized), key: &str, value: u64) -> fmt::Result {
     field_key(w, key)?;
     crate::digits::u64(w, value)
 }
 
 /// `,"key":"address:port"`.
-pub fn field_socket_addr(w: &mut dyn Write, key: &str, value: std::net::SocketAddr) -> fmt::Result {
+pub fn field_socket_addr(w: &mut (impl Write + ?Sized), key: &str, value: std::net::SocketAddr) -> fmt::Result {
     field_key(w, key)?;
     w.write_char('"')?;
     crate::digits::socket_addr(w, value)?;
     w.write_char('"')
 }
 
-fn string(w: &mut dyn Write, s: &str) -> fmt::Result {
+fn string(w: &mut (impl Write + ?Sized), s: &str) -> fmt::Result {
     w.write_char('"')?;
     Escaped(w).write_str(s)?;
     w.write_char('"')
 }
 
 /// Escapes what it is given for the inside of a JSON string.
-struct Escaped<'w>(&'w mut dyn Write);
+struct Escaped<'w, W: Write + ?Sized>(&'w mut W);
 
-impl Write for Escaped<'_> {
+impl<W: Write + ?Sized> Write for Escaped<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         // Every byte to escape is ASCII, and no byte of a multi-byte character is: a
         // byte scan finds them, and each run between them is written whole.
