@@ -197,15 +197,6 @@ impl Clients {
     pub fn clear(&self) {
         self.pools.lock().unwrap_or_else(PoisonError::into_inner).by_sandbox.clear();
     }
-
-    /// How many sandboxes have a client now.
-    pub fn len(&self) -> usize {
-        self.pools.lock().unwrap_or_else(PoisonError::into_inner).by_sandbox.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Sends `req` over `sandbox`'s own connections and waits up to `timeout` for the
