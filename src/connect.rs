@@ -268,11 +268,11 @@ async fn relay(
     cancel: &CancellationToken,
     meter: Option<&crate::budget::Meter>,
 ) -> relay::Outcome {
-    match upgraded.downcast::<TokioIo<Replayed>>() {
+    match upgraded.downcast::<TokioIo<door::watch::Watched<Replayed>>>() {
         Ok(parts) => {
             // Bytes the client sent right behind the CONNECT head: what hyper read, then
             // what it left of the fast path's first read (nothing, in practice).
-            let (client, unread) = parts.io.into_inner().into_parts();
+            let (client, unread) = parts.io.into_inner().into_inner().into_parts();
             let early = (parts.read_buf.len() + unread.len()) as u64;
             for bytes in [&parts.read_buf[..], &unread[..]] {
                 if !bytes.is_empty() && upstream.write_all(bytes).await.is_err() {

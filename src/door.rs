@@ -19,6 +19,7 @@ pub mod limits;
 pub mod record;
 pub mod registry;
 pub mod respond;
+pub mod watch;
 
 mod authorize;
 mod identify;
@@ -96,6 +97,10 @@ pub struct ConnInfo {
     /// ([`Remembered`]), so that a keep-alive request presenting the same
     /// ones under the same state is not parsed and hashed again.
     pub remembered: Option<Arc<identify::Remembered>>,
+    /// On a connection the gateway serves HTTP on (hyper, or an inspected connection):
+    /// its activity and end ([`watch::Watch`]); requests authorized on it register
+    /// its end token, so that a sweep ending one closes the connection too.
+    pub watch: Option<Arc<watch::Watch>>,
 }
 
 impl std::fmt::Debug for ConnInfo {
@@ -118,6 +123,11 @@ pub struct Place {
 }
 
 impl ConnInfo {
+    /// A connection from `peer` (through `vpce`), nothing else known of it yet.
+    pub fn at(peer: SocketAddr, vpce: Option<String>) -> ConnInfo {
+        ConnInfo { peer, vpce, client_cn: None, held: None, identity: None, remembered: None, watch: None }
+    }
+
     /// What a tunnel started on this connection keeps of it ([`Place`]).
     pub fn place(&self) -> Place {
         Place { _held: self.held.clone() }

@@ -15,6 +15,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use tokio_util::sync::CancellationToken;
 
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
@@ -22,6 +23,7 @@ use crate::budget::Dir;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
 use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop, unjudged_framing};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
+use crate::door::watch::Stalling;
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
 use crate::policy::{DenyReason, Subject};
 use crate::reload::State;
@@ -78,6 +80,7 @@ async fn exchange(
     sandbox: &Arc<str>,
     mut req: Request<UpBody>,
     keep: bool,
+    ended: Option<&CancellationToken>,
 ) -> Result<(Response<Incoming>, SocketAddr), ExchangeError> {
     if let Some(mut kept) = upstream.take(target, sandbox)
         && kept.send.ready().await.is_ok()
@@ -98,7 +101,7 @@ async fn exchange(
     }
     // Boxed: the dial's state is large, and a request over a kept connection (the
     // common case) would otherwise carry and move it too.
-    let (mut send, addr) = Box::pin(open(door, target)).await?;
+    let (mut send, addr) = Box::pin(open(door, target, ended)).await?;
     let resp = send.send_request(req).await.map_err(ExchangeError::Http)?;
     if keep {
         upstream.keep(Kept { target: target.clone(), sandbox: sandbox.clone(), addr, send });
@@ -107,13 +110,30 @@ async fn exchange(
 }
 
 /// A new upstream connection to `target`, dialled to a vetted address, driven by a
-/// task of its own.
-async fn open(door: &Door, target: &Target) -> Result<(SendRequest<UpBody>, SocketAddr), ExchangeError> {
+/// task of its own until it closes or `ended` (the client connection's end) fires. A
+/// write to it that makes no progress for `proxy.tunnel_idle_timeout` fails it: an
+/// origin that stops reading a request body does not hold the connection and the
+/// request's registration for ever.
+async fn open(
+    door: &Door,
+    target: &Target,
+    ended: Option<&CancellationToken>,
+) -> Result<(SendRequest<UpBody>, SocketAddr), ExchangeError> {
     let (stream, addr) = door.resolver.dial(target).await.map_err(ExchangeError::Dial)?;
+    let stream = Stalling::new(stream, door.config.proxy.tunnel_idle_timeout);
     let (send, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(ExchangeError::Http)?;
+    let ended = ended.cloned();
     tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
+        let conn = conn.with_upgrades();
+        let result = match ended {
+            Some(ended) => tokio::select! {
+                r = conn => r,
+                () = ended.cancelled() => Ok(()),
+            },
+            None => conn.await,
+        };
+        if let Err(e) = result {
             tracing::debug!(upstream_addr = %addr, error = %e, "upstream connection ended with an error");
         }
     });
@@ -222,7 +242,8 @@ pub async fn handle(
     }
 
     let timeout = door.config.proxy.response_header_timeout;
-    let sent = exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !peer);
+    let ended = conn.watch.as_ref().map(|w| w.end());
+    let sent = exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !peer, ended);
     let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, sent)).await;
     let Some(sent) = sent else {
         return reject(&mut rec, DenyReason::AuthInvalid, ENDED_HINT);

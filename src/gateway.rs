@@ -27,7 +27,7 @@ fn upstream_routes(
     let gh = &config.github;
     let tls = crate::https_client::client_config(gh.ca_file.as_deref())
         .map_err(|e| GatewayError::Github(format!("github.ca_file: {e}")))?;
-    let connector = crate::https_client::HttpsConnector::new(resolver.clone(), tls);
+    let connector = crate::https_client::HttpsConnector::new(resolver.clone(), tls, config.proxy.tunnel_idle_timeout);
     let credentials = crate::git::credentials::Credentials::new(gh, connector.clone()).map_err(GatewayError::Github)?;
     let clients = || crate::https_client::Clients::new(connector.clone());
     let routes = crate::routes::Routes { clients: clients() };
@@ -70,7 +70,7 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
     let (git, routes) = upstream_routes(&config, &resolver)?;
     let intercept = match &config.intercept {
         Some(cfg) => Some(Arc::new(
-            crate::intercept::Intercept::new(cfg, resolver.clone())
+            crate::intercept::Intercept::new(cfg, resolver.clone(), config.proxy.tunnel_idle_timeout)
                 .map_err(|e| GatewayError::Intercept(format!("{}: {e}", config.file)))?,
         )),
         None => None,

@@ -23,6 +23,7 @@ use tokio_rustls::client::TlsStream;
 use crate::addr;
 use crate::dial::UpstreamAddr;
 use crate::door::ProxyBody;
+use crate::door::watch::Stalling;
 use crate::policy::DenyReason;
 use crate::resolve::{DialError, Resolver};
 
@@ -55,17 +56,20 @@ pub fn client_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, St
 pub struct HttpsConnector {
     resolver: Arc<Resolver>,
     tls: tokio_rustls::TlsConnector,
+    stall: Duration,
 }
 
 impl HttpsConnector {
-    pub fn new(resolver: Arc<Resolver>, tls: rustls::ClientConfig) -> Self {
-        HttpsConnector { resolver, tls: tokio_rustls::TlsConnector::from(Arc::new(tls)) }
+    /// Connections whose writes make no progress for `stall` (the idle timeout) fail:
+    /// an upstream that stops reading a request body does not hold one for ever.
+    pub fn new(resolver: Arc<Resolver>, tls: rustls::ClientConfig, stall: Duration) -> Self {
+        HttpsConnector { resolver, tls: tokio_rustls::TlsConnector::from(Arc::new(tls)), stall }
     }
 }
 
 pub enum Stream {
-    Plain(TokioIo<TcpStream>, std::net::SocketAddr),
-    Tls(Box<TokioIo<TlsStream<TcpStream>>>, std::net::SocketAddr),
+    Plain(TokioIo<Stalling<TcpStream>>, std::net::SocketAddr),
+    Tls(Box<TokioIo<TlsStream<Stalling<TcpStream>>>>, std::net::SocketAddr),
 }
 
 impl tower_service::Service<Uri> for HttpsConnector {
@@ -78,13 +82,14 @@ impl tower_service::Service<Uri> for HttpsConnector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let (resolver, tls) = (self.resolver.clone(), self.tls.clone());
+        let (resolver, tls, stall) = (self.resolver.clone(), self.tls.clone(), self.stall);
         Box::pin(async move {
             let https = uri.scheme_str() == Some("https");
             let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
             let target = addr::parse_authority(authority, Some(if https { 443 } else { 80 }))
                 .map_err(|e| DialError::ResolveFailed(format!("invalid upstream authority: {e}")))?;
             let (tcp, peer) = resolver.dial(&target).await?;
+            let tcp = Stalling::new(tcp, stall);
             if !https {
                 return Ok(Stream::Plain(TokioIo::new(tcp), peer));
             }

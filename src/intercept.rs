@@ -22,11 +22,11 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
-use tokio_util::sync::CancellationToken;
 
 use crate::addr::{Host, Target};
 use crate::config::InterceptConfig;
 use crate::door::ProxyBody;
+use crate::door::watch::{Watch, Watched};
 use crate::https_client::{Clients, HttpsConnector};
 use crate::resolve::Resolver;
 
@@ -39,10 +39,11 @@ pub struct Intercept {
 }
 
 impl Intercept {
-    pub fn new(cfg: &InterceptConfig, resolver: Arc<Resolver>) -> Result<Intercept, String> {
+    /// `stall`: how long an upstream write may make no progress (the idle timeout).
+    pub fn new(cfg: &InterceptConfig, resolver: Arc<Resolver>, stall: Duration) -> Result<Intercept, String> {
         let ca = ca::Authority::load(&cfg.ca_cert_file, &cfg.ca_key_file, cfg.leaf_ttl)?;
         let tls = crate::https_client::client_config(cfg.upstream_ca_file.as_deref())?;
-        Ok(Intercept { ca, clients: Clients::new(HttpsConnector::new(resolver, tls)) })
+        Ok(Intercept { ca, clients: Clients::new(HttpsConnector::new(resolver, tls, stall)) })
     }
 }
 
@@ -75,81 +76,15 @@ where
     }
 }
 
-/// A stream that notes when bytes last moved, for the idle timeout.
-struct Watched<IO> {
-    inner: IO,
-    epoch: std::time::Instant,
-    last_ms: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl<IO> Watched<IO> {
-    fn touch(&self) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.touch();
-        }
-        r
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.touch();
-        }
-        r
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Resolves once no byte has moved for `idle`.
-async fn idle_for(epoch: std::time::Instant, last_ms: Arc<std::sync::atomic::AtomicU64>, idle: Duration) {
-    loop {
-        let last = Duration::from_millis(last_ms.load(std::sync::atomic::Ordering::Relaxed));
-        let quiet = epoch.elapsed().saturating_sub(last);
-        if quiet >= idle {
-            return;
-        }
-        tokio::time::sleep(idle - quiet).await;
-    }
-}
-
 /// Serves HTTP (HTTP/2 when the client chose it by ALPN, else HTTP/1.1 with upgrades)
 /// on an inspected connection, each request through `handler`, until the client
-/// closes, `cancel` fires, or no byte moves for `idle` (`proxy.tunnel_idle_timeout`).
+/// closes, `watch`'s end is cancelled (a sweep ended the tunnel or a request on it), or
+/// no byte moves for `quiet` ([`crate::door::watch::serve`]).
 pub async fn serve<IO, F, Fut>(
     tls: TlsStream<IO>,
-    cancel: CancellationToken,
+    watch: Arc<Watch>,
     header_timeout: Duration,
-    idle: Duration,
+    quiet: Duration,
     handler: F,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -161,31 +96,15 @@ pub async fn serve<IO, F, Fut>(
         let handler = handler.clone();
         async move { Ok::<_, Infallible>(handler(req).await) }
     });
-    let epoch = std::time::Instant::now();
-    let last_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let io = TokioIo::new(Watched { inner: tls, epoch, last_ms: last_ms.clone() });
-    let quiet = idle_for(epoch, last_ms, idle);
-    tokio::pin!(quiet);
+    let io = TokioIo::new(Watched::new(tls, watch.clone()));
     let result = if h2 {
         let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         b.timer(TokioTimer::new()).max_concurrent_streams(128);
-        let conn = b.serve_connection(io, service);
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = cancel.cancelled() => { conn.as_mut().graceful_shutdown(); Ok(()) }
-            () = &mut quiet => Ok(()),
-        }
+        crate::door::watch::serve(b.serve_connection(io, service), &watch, quiet, None).await
     } else {
         let mut b = hyper::server::conn::http1::Builder::new();
         b.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-        let conn = b.serve_connection(io, service).with_upgrades();
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = cancel.cancelled() => { conn.as_mut().graceful_shutdown(); Ok(()) }
-            () = &mut quiet => Ok(()),
-        }
+        crate::door::watch::serve(b.serve_connection(io, service).with_upgrades(), &watch, quiet, None).await
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "inspected connection ended with an error");

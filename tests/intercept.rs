@@ -851,3 +851,72 @@ policy = "a"
         assert!(r.body.contains(needle), "{method} {path}: {}", r.body);
     }
 }
+
+#[test]
+fn a_reload_that_refuses_a_stalled_inspected_request_closes_its_connection() {
+    // The idle timeout is 300 s: only the sweep can end this exchange in time. The
+    // request rule changes, not the host: the tunnel's own registration stays allowed,
+    // the request's does not, and the client has stopped reading its body.
+    let w = world();
+    let script = r#"
+import socket, ssl, sys, base64, time
+gw, port, ca, token = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+host, p = gw.rsplit(":", 1)
+auth = base64.b64encode(("sbx-a:" + token).encode()).decode()
+s = socket.create_connection((host, int(p)), timeout=10)
+s.sendall(f"CONNECT evil.test:{port} HTTP/1.1\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+assert head.startswith(b"HTTP/1.1 200"), head
+ctx = ssl.create_default_context(cafile=ca)
+ctx.set_alpn_protocols(["http/1.1"])
+t = ctx.wrap_socket(s, server_hostname="evil.test")
+t.sendall(f"GET /bytes/134217728 HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += t.recv(1)
+assert head.startswith(b"HTTP/1.1 200"), head
+print("streaming", flush=True)
+sys.stdin.readline()
+total = 0
+try:
+    while True:
+        c = t.recv(65536)
+        if not c:
+            break
+        total += len(c)
+    print("closed", total)
+except socket.timeout:
+    print("still open", total)
+except (ConnectionResetError, ssl.SSLError) as e:
+    print("closed", total)
+"#;
+    use std::io::{BufRead, Write};
+    let mut child = Command::new("python3")
+        .args(["-c", script, &w.gw.addr.to_string(), &w.origin.port().to_string(), w.gw_ca.to_str().unwrap(), TOKEN_A])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "streaming");
+    let narrowed = policy(w.origin.port())
+        .replace("host = \"evil.test\"\nmethods = [\"GET\"]", "host = \"evil.test\"\nmethods = [\"POST\"]");
+    assert_ne!(narrowed, policy(w.origin.port()));
+    std::fs::write(w.gw.dir.path().join("policy/test.toml"), narrowed).unwrap();
+    w.gw.signal("HUP");
+    w.gw.wait_for_log(std::time::Duration::from_secs(5), |v| {
+        v["msg"] == "closing a connection" && v["target"].as_str().is_some_and(|t| t.contains("/bytes/"))
+    });
+    // A second later the grace is over: then let the client read what is left.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    let total: u64 = rest.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
+    assert!(rest.starts_with("closed") && total < 134217728, "{rest}");
+}

@@ -259,3 +259,165 @@ fn upstream_without_response_gets_504() {
     assert!(resp.contains("upstream_timeout"), "{resp}");
     drop(silent);
 }
+
+/// A config whose connections close after 1 s without a byte moving (the idle timeout,
+/// and the wait for response headers, which bounds it from below).
+fn quick_idle_config() -> String {
+    let config = STANDARD_CONFIG
+        .replace("tunnel_idle_timeout = \"30s\"", "tunnel_idle_timeout = \"1s\"\nresponse_header_timeout = \"1s\"");
+    assert_ne!(config, STANDARD_CONFIG);
+    config
+}
+
+/// `sbx-a`'s open connections, as the admin listener lists them.
+fn open_connections(gw: &TestGateway) -> u64 {
+    let resp = raw::request(
+        gw.admin_addr(),
+        "GET /v1/sandboxes/sbx-a HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n".as_bytes(),
+    );
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {resp}"));
+    v["open_connections"].as_u64().unwrap_or_else(|| panic!("{v}"))
+}
+
+/// Polls `pred` every 50 ms until it holds; panics with `what` after `deadline`.
+fn eventually(deadline: Duration, what: &str, mut pred: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + deadline;
+    while !pred() {
+        assert!(std::time::Instant::now() < end, "not within {deadline:?}: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An origin that answers every request with an endless body, and reports (on the
+/// channel) once a write fails: the gateway closed its connection.
+fn endless_origin() -> (u16, std::sync::mpsc::Receiver<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = raw::read_head(&mut s);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\n\r\n");
+        let chunk = vec![b'x'; 64 * 1024];
+        let end = std::time::Instant::now() + Duration::from_secs(60);
+        while std::time::Instant::now() < end {
+            if s.write_all(&chunk).is_err() {
+                let _ = tx.send(());
+                return;
+            }
+        }
+    });
+    (port, rx)
+}
+
+#[test]
+fn a_client_that_stops_reading_a_forwarded_response_is_closed_after_the_idle_timeout() {
+    // Hyper stops polling a response body while the client does not read it, so the
+    // body's own idle timer never runs: the connection's watch closes it instead.
+    let (port, origin_closed) = endless_origin();
+    let gw = TestGateway::start(&quick_idle_config(), &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req =
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
+    client.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut client)), 200);
+    assert_eq!(open_connections(&gw), 1, "the exchange is registered while it flows");
+    // The client reads nothing more: buffers fill, then no byte moves for 1 s.
+    origin_closed.recv_timeout(Duration::from_secs(15)).expect("the gateway closes the origin's connection");
+    eventually(Duration::from_secs(5), "the exchange leaves the registry", || open_connections(&gw) == 0);
+    let rec = gw.wait_for_access(1, |v| v["target"] == format!("origin.test:{port}"));
+    assert_eq!(rec[0]["status"], 200, "{rec:?}");
+    // What the kernel buffered arrives, then the end: nowhere near the endless body.
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the client connection was not closed: {e} after {got} bytes"),
+        }
+    }
+    assert!(got < 256 << 20, "{got} bytes");
+}
+
+#[test]
+fn an_origin_that_stops_reading_a_request_body_releases_both_connections() {
+    // The origin reads the head, then nothing: the upload stalls upstream, the gateway
+    // stops reading the client, and neither side moves a byte.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, upstream_closed) = std::sync::mpsc::channel();
+    let (go, read_now) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = raw::read_head(&mut s);
+        let _ = read_now.recv();
+        // Now drain: what the gateway sent, then the end, once it closed.
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(_) => return,
+            }
+        }
+        let _ = tx.send(());
+    });
+    let gw = TestGateway::start(&quick_idle_config(), &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req = format!(
+        "POST http://origin.test:{port}/upload HTTP/1.1\r\nProxy-Authorization: {}\r\nContent-Length: 1099511627776\r\n\r\n",
+        basic("sbx-a", TOKEN_A)
+    );
+    client.write_all(req.as_bytes()).unwrap();
+    client.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+    let chunk = vec![b'y'; 64 * 1024];
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let closed = loop {
+        assert!(std::time::Instant::now() < end, "the stalled upload was never closed");
+        match client.write(&chunk) {
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(closed.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset), "{closed}");
+    go.send(()).unwrap();
+    upstream_closed.recv_timeout(Duration::from_secs(15)).expect("the gateway closes the origin's connection");
+    eventually(Duration::from_secs(5), "the upload leaves the registry", || open_connections(&gw) == 0);
+}
+
+#[test]
+fn a_reload_that_revokes_a_stalled_response_closes_it_at_once() {
+    // A long idle timeout: only the sweep can end this exchange in time.
+    let (port, origin_closed) = endless_origin();
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req =
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
+    client.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut client)), 200);
+    // Let the buffers fill, so that nobody polls the response body.
+    std::thread::sleep(Duration::from_millis(500));
+    let narrowed = standard_policy().replace("\"origin.test:*\", ", "");
+    std::fs::write(gw.dir.path().join("policy/test.toml"), narrowed).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "closing a connection");
+    origin_closed.recv_timeout(Duration::from_secs(5)).expect("the sweep closes the origin's connection");
+    eventually(Duration::from_secs(5), "the exchange leaves the registry", || open_connections(&gw) == 0);
+    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the client connection was not closed: {e}"),
+        }
+    }
+}

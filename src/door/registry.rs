@@ -27,6 +27,9 @@ struct Entry {
     /// What it was held to since: a push's ref updates, once read.
     also: Vec<Subject>,
     cancel: CancellationToken,
+    /// The end of the client connection that carries it (`door::watch::Watch::end`),
+    /// cancelled with it by a sweep: a body nobody polls cannot notice its own.
+    carrier: Option<CancellationToken>,
 }
 
 /// A slab, not a map: entries lie densely in one growing table (a map of 9,000 open
@@ -119,10 +122,11 @@ pub const ENDED_HINT: &str =
     "the credential or policy changed while this request was being set up, and no longer allows it";
 
 impl Registry {
-    /// Records a live connection authorized for `identity` to reach `subject`. Its token
-    /// is its own, not a child of a shared one: registering takes no lock but the
-    /// registry's, and [`Registry::end_all`] reaches every connection through the table.
-    pub fn register(&self, identity: &Identity, subject: Subject) -> Registration {
+    /// Records a live connection authorized for `identity` to reach `subject`, carried
+    /// on a client connection that `carrier` ends. Its token is its own, not a child of
+    /// a shared one: registering takes no lock but the registry's, and
+    /// [`Registry::end_all`] reaches every connection through the table.
+    pub fn register(&self, identity: &Identity, subject: Subject, carrier: Option<CancellationToken>) -> Registration {
         let cancel = CancellationToken::new();
         let entry = Entry {
             sandbox: identity.sandbox.clone(),
@@ -132,6 +136,7 @@ impl Registry {
             held: subject,
             also: Vec::new(),
             cancel: cancel.clone(),
+            carrier,
         };
         let mut open = table(&self.open);
         // Checked under the lock `end_all` takes after setting it: either this sees it
@@ -152,7 +157,7 @@ impl Registry {
         self.ended.store(true, Ordering::SeqCst);
         // A poisoned table still holds every entry: end them all anyway.
         let open = table(&self.open);
-        open.iter().map(|(_, e)| e).filter(|e| !e.cancel.is_cancelled()).inspect(|e| e.cancel.cancel()).count()
+        open.iter().map(|(_, e)| e).filter(|e| !e.cancel.is_cancelled()).inspect(|e| e.end()).count()
     }
 
     pub fn len(&self) -> usize {
@@ -213,11 +218,21 @@ impl Registry {
             }
             if let Some(reason) = why(e) {
                 tracing::info!(sandbox = %e.sandbox, target = %e.held, reason, "closing a connection");
-                e.cancel.cancel();
+                e.end();
                 closed += 1;
             }
         }
         closed
+    }
+}
+
+impl Entry {
+    /// Ends the connection, and the client connection that carries it.
+    fn end(&self) {
+        self.cancel.cancel();
+        if let Some(c) = &self.carrier {
+            c.cancel();
+        }
     }
 }
 
@@ -419,11 +434,11 @@ mod tests {
     #[test]
     fn a_registration_after_end_all_is_ended_and_its_drop_removes_no_other_entry() {
         let r = Registry::default();
-        let a = r.register(&identity("a"), host("a.test:443"));
-        let b = r.register(&identity("b"), host("b.test:443"));
+        let a = r.register(&identity("a"), host("a.test:443"), None);
+        let b = r.register(&identity("b"), host("b.test:443"), None);
         drop(a);
         assert_eq!(r.open_for("a"), Vec::<String>::new());
-        let c = r.register(&identity("c"), host("c.test:443"));
+        let c = r.register(&identity("c"), host("c.test:443"), None);
         assert_eq!(
             (r.len(), r.open_for("b"), r.open_for("c")),
             (2, vec!["b.test:443".into()], vec!["c.test:443".into()])
@@ -431,7 +446,7 @@ mod tests {
 
         assert_eq!(r.end_all(), 2);
         assert!(b.is_ended() && c.is_ended());
-        let late = r.register(&identity("d"), host("d.test:443"));
+        let late = r.register(&identity("d"), host("d.test:443"), None);
         assert!(late.is_ended(), "registered after end_all: ended at once");
         assert_eq!(r.len(), 2, "and never in the table");
         drop(late);

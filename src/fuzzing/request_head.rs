@@ -138,14 +138,7 @@ fn run(data: &[u8]) -> Vec<(Target, SocketAddr)> {
     h.dials.lock().unwrap_or_else(|e| e.into_inner()).clear();
     h.rt.block_on(async {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
-        let conn = ConnInfo {
-            peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
-            vpce: None,
-            client_cn: None,
-            held: None,
-            identity: None,
-            remembered: None,
-        };
+        let conn = ConnInfo::at(SocketAddr::from(([127, 0, 0, 1], 40000)), None);
         let serve = crate::proxy::server::serve_stream(server, conn, h.shared.clone(), CancellationToken::new(), true);
         let talk = async {
             let _ = client.write_all(data).await;

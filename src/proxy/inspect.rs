@@ -42,13 +42,16 @@ impl door::Inspector for Dispatch {
                     return;
                 }
             };
+            // Ended with the tunnel it runs in, and by a sweep that ends a request on it.
+            let watch = Arc::new(door::watch::Watch::with_end(cancel.child_token()));
+            let conn = ConnInfo { watch: Some(watch.clone()), ..conn };
             let (target, conn) = (Arc::new(target), Arc::new(conn));
-            let idle = shared.config.proxy.tunnel_idle_timeout;
+            let quiet = super::server::quiet_limit(&shared.config.proxy);
             let handler = move |req: Request<Incoming>| {
                 let (shared, conn, target) = (shared.clone(), conn.clone(), target.clone());
                 async move { route(req, &conn, &shared, &target).await }
             };
-            crate::intercept::serve(tls, cancel, timeout, idle, handler).await;
+            crate::intercept::serve(tls, watch, timeout, quiet, handler).await;
         })
     }
 }

@@ -21,6 +21,7 @@ use super::proxy_protocol::{self, Detect};
 use super::{Shared, handle};
 use crate::access_log::{AccessRecord, Kind};
 use crate::config::ProxyProtocol;
+use crate::door::watch::{Watch, Watched};
 use crate::door::{ConnInfo, Held, respond};
 use crate::policy::DenyReason;
 
@@ -266,7 +267,7 @@ pub(super) async fn admit(stream: &mut TcpStream, peer: SocketAddr, shared: &Sha
 async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<ConnInfo> {
     let cfg = &shared.config.proxy;
     if cfg.proxy_protocol == ProxyProtocol::Off {
-        return Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None, remembered: None });
+        return Some(ConnInfo::at(peer, None));
     }
     let trusted = cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
     let reject = |why: &'static str| {
@@ -282,19 +283,12 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
         (Detect::V1 | Detect::V2, false, _) => reject("untrusted_header"),
         (Detect::V1 | Detect::V2, true, _) => {
             match proxy_protocol::read_header(stream, kind, cfg.header_read_timeout).await {
-                Ok(h) => Some(ConnInfo {
-                    peer: h.source.unwrap_or(peer),
-                    vpce: h.vpce,
-                    client_cn: None,
-                    held: None,
-                    identity: None,
-                    remembered: None,
-                }),
+                Ok(h) => Some(ConnInfo::at(h.source.unwrap_or(peer), h.vpce)),
                 Err(_) => reject("malformed_header"),
             }
         }
         (_, _, ProxyProtocol::Required) => reject("missing_header"),
-        _ => Some(ConnInfo { peer, vpce: None, client_cn: None, held: None, identity: None, remembered: None }),
+        _ => Some(ConnInfo::at(peer, None)),
     }
 }
 
@@ -328,7 +322,8 @@ pub async fn serve_stream<I>(
         .keep_alive(true);
     let svc_shared = shared.clone();
     let remembered = Some(Arc::new(crate::door::Remembered::default()));
-    let conn = ConnInfo { remembered, ..conn };
+    let watch = Arc::new(Watch::default());
+    let conn = ConnInfo { remembered, watch: Some(watch.clone()), ..conn };
     // The connection's facts and its upstream connection: one clone per request.
     let per_conn = Arc::new((conn.clone(), crate::forward::Upstream::default()));
     let service = service_fn(move |req| {
@@ -336,15 +331,9 @@ pub async fn serve_stream<I>(
         let per_conn = per_conn.clone();
         async move { Ok::<_, Infallible>(handle(req, &per_conn.0, &per_conn.1, &shared).await) }
     });
-    let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
-    tokio::pin!(connection);
-    let result = tokio::select! {
-        r = connection.as_mut() => r,
-        _ = shutdown.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
-        }
-    };
+    let io = TokioIo::new(Watched::new(stream, watch.clone()));
+    let connection = builder.serve_connection(io, service).with_upgrades();
+    let result = crate::door::watch::serve(connection, &watch, quiet_limit(cfg), Some(&shutdown)).await;
     if let Err(e) = result {
         tracing::debug!(client_addr = %conn.peer, error = %e, "connection ended with an error");
         if let Some((reason, status)) = parser_refusal(&e) {
@@ -356,6 +345,12 @@ pub async fn serve_stream<I>(
             rec.emit();
         }
     }
+}
+
+/// How long a served connection may move no byte: the idle timeout, or the wait for
+/// response headers when that is longer (a request waiting upstream is not idle).
+pub fn quiet_limit(cfg: &crate::config::ProxyConfig) -> Duration {
+    cfg.tunnel_idle_timeout.max(cfg.response_header_timeout)
 }
 
 /// The refusal hyper wrote on its own before it closed a connection (a bare 400, 414

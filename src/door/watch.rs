@@ -1,0 +1,364 @@
+//! Clocks for connections whose bodies nobody polls. A body's own idle timer
+//! ([`super::bodies::IdleBody`]) and its revocation ([`super::registry::Revocable`])
+//! act only when the body is polled, and hyper stops polling a body while the peer
+//! it is written to does not read. Two guards close such connections anyway:
+//!
+//! - [`Watch`]: a served connection's activity count and its end token. The serving
+//!   loop waits on [`Watch::quiet`] (no byte moved on the client socket for the idle
+//!   timeout) and on the end token, which a sweep cancels when it ends a request the
+//!   connection carries (the registry holds the token beside the request's own).
+//! - [`Stalling`]: an upstream socket whose writes fail once none makes progress for
+//!   the idle timeout (an origin that stops reading a request body).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::CancellationToken;
+
+/// A served connection's activity and its end. One per connection.
+#[derive(Default)]
+pub struct Watch {
+    /// Bumped whenever bytes move on the connection; compared, never timed, so that
+    /// a read or write costs no clock.
+    moved: AtomicU64,
+    end: CancellationToken,
+}
+
+/// Ticks per idle period: a silent connection closes between `idle` and 1.25 `idle`.
+const TICKS: u32 = 4;
+
+impl Watch {
+    /// A watch whose end is `end` (an inspected connection's: a child of the token
+    /// that ends the tunnel it runs in).
+    pub fn with_end(end: CancellationToken) -> Self {
+        Watch { moved: AtomicU64::new(0), end }
+    }
+
+    /// Cancelled when a sweep ends a request on the connection: the serving loop then
+    /// finishes the response in progress, if it can, and closes.
+    pub fn end(&self) -> &CancellationToken {
+        &self.end
+    }
+
+    fn touch(&self) {
+        self.moved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Resolves once no byte has moved on the connection for `idle`.
+    pub async fn quiet(&self, idle: Duration) {
+        let tick = (idle / TICKS).max(Duration::from_millis(1));
+        let mut seen = self.moved.load(Ordering::Relaxed);
+        let mut silent = Duration::ZERO;
+        loop {
+            tokio::time::sleep(tick).await;
+            let now = self.moved.load(Ordering::Relaxed);
+            if now == seen {
+                silent += tick;
+                if silent >= idle {
+                    return;
+                }
+            } else {
+                (seen, silent) = (now, Duration::ZERO);
+            }
+        }
+    }
+}
+
+/// A served HTTP connection (HTTP/1 with upgrades, or HTTP/2) that can be asked to
+/// finish what is in progress and close.
+pub trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    fn graceful(self: Pin<&mut Self>);
+}
+
+impl<I, S> Graceful for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::Error: Into<super::BoxError>,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<super::BoxError>,
+{
+    fn graceful(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, E> Graceful for hyper::server::conn::http2::Connection<I, S, E>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::Error: Into<super::BoxError>,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<super::BoxError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn graceful(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// How long a connection whose request a sweep ended may take to finish the response
+/// in progress (the refusal, in practice) before it is closed anyway.
+const ENDED_GRACE: Duration = Duration::from_secs(1);
+
+/// Drives a served connection until it ends, or closes it: at once when no byte moved
+/// on it for `quiet` (a client that stopped reading a response, or a request body an
+/// origin stopped reading: hyper no longer polls that body, so its own timers cannot
+/// fire); after the response in progress, or [`ENDED_GRACE`], once `watch`'s end is
+/// cancelled (a sweep ended a request on it); after the request in progress once
+/// `drain` is.
+pub async fn serve<C: Graceful>(
+    connection: C,
+    watch: &Watch,
+    quiet: Duration,
+    drain: Option<&CancellationToken>,
+) -> Result<(), hyper::Error> {
+    tokio::pin!(connection);
+    let silent = watch.quiet(quiet);
+    tokio::pin!(silent);
+    let grace = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(grace);
+    let drained = async {
+        match drain {
+            Some(d) => d.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(drained);
+    let (mut draining, mut ended) = (false, false);
+    loop {
+        tokio::select! {
+            r = connection.as_mut() => return r,
+            () = &mut drained, if !draining => {
+                draining = true;
+                connection.as_mut().graceful();
+            }
+            () = watch.end().cancelled(), if !ended => {
+                ended = true;
+                connection.as_mut().graceful();
+                grace.as_mut().reset(tokio::time::Instant::now() + ENDED_GRACE);
+            }
+            () = &mut grace, if ended => {
+                tracing::debug!("connection closed: a sweep ended its request");
+                return Ok(());
+            }
+            () = &mut silent => {
+                tracing::debug!(quiet_ms = quiet.as_millis() as u64, "connection closed: no byte moved on it");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A byte stream that tells its [`Watch`] when bytes move.
+pub struct Watched<IO> {
+    inner: IO,
+    watch: std::sync::Arc<Watch>,
+}
+
+impl<IO> Watched<IO> {
+    pub fn new(inner: IO, watch: std::sync::Arc<Watch>) -> Self {
+        Watched { inner, watch }
+    }
+
+    pub fn into_inner(self) -> IO {
+        self.inner
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.watch.touch();
+        }
+        r
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.watch.touch();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.watch.touch();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The clock of a write that waits: a write (or flush) pending for `limit` without
+/// progress fails with `TimedOut`. Armed only while a write waits, so a connection
+/// whose writes complete at once never touches the timer.
+pub struct WriteStall {
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
+}
+
+impl WriteStall {
+    pub fn new(limit: Duration) -> Self {
+        WriteStall { limit, timer: None, armed: false }
+    }
+
+    /// Passes on a write's (or flush's) outcome; a pending one past the limit fails.
+    pub fn check<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if r.is_ready() {
+            self.armed = false;
+            return r;
+        }
+        let deadline = tokio::time::Instant::now() + self.limit;
+        let timer = match &mut self.timer {
+            Some(t) => {
+                if !self.armed {
+                    t.as_mut().reset(deadline);
+                }
+                t
+            }
+            None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        self.armed = true;
+        if timer.as_mut().poll(cx).is_ready() {
+            self.armed = false;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the upstream accepted no byte for the idle timeout",
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+/// An upstream socket whose writes fail after [`WriteStall`]'s limit without progress.
+pub struct Stalling<IO> {
+    inner: IO,
+    stall: WriteStall,
+}
+
+impl<IO> Stalling<IO> {
+    pub fn new(inner: IO, limit: Duration) -> Self {
+        Stalling { inner, stall: WriteStall::new(limit) }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Stalling<IO> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Stalling<IO> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.stall.check(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.stall.check(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_flush(cx);
+        this.stall.check(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn quiet_waits_for_silence_not_for_time() {
+        let watch = std::sync::Arc::new(Watch::default());
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut a = Watched::new(a, watch.clone());
+        let idle = Duration::from_secs(4);
+        let quiet = watch.quiet(idle);
+        tokio::pin!(quiet);
+        // A byte every 3 s for 12 s: never silent for 4 s.
+        for _ in 0..4 {
+            tokio::select! {
+                () = &mut quiet => panic!("a connection moving bytes is not quiet"),
+                () = tokio::time::sleep(Duration::from_secs(3)) => {}
+            }
+            a.write_all(b"x").await.unwrap();
+            let mut one = [0u8; 1];
+            b.read_exact(&mut one).await.unwrap();
+        }
+        let start = tokio::time::Instant::now();
+        quiet.await;
+        let waited = start.elapsed();
+        assert!(waited >= idle && waited <= idle + idle / TICKS + Duration::from_secs(1), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_waits_too_long_fails_and_one_that_moves_does_not() {
+        let (a, mut b) = tokio::io::duplex(16);
+        let mut a = Stalling::new(a, Duration::from_secs(5));
+        // Drained every 2 s: each write waits less than the limit.
+        let writer = async {
+            a.write_all(&[7u8; 64]).await.unwrap();
+            a
+        };
+        let reader = async {
+            let mut got = 0;
+            let mut buf = [0u8; 16];
+            while got < 64 {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                got += b.read(&mut buf).await.unwrap();
+            }
+        };
+        let (mut a, ()) = tokio::join!(writer, reader);
+        // Nobody reads now: the write fails after the limit.
+        let start = tokio::time::Instant::now();
+        let err = a.write_all(&[7u8; 64]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(start.elapsed().as_secs(), 5);
+    }
+}
