@@ -27,7 +27,9 @@ fn upstream_routes(
     let gh = &config.github;
     let tls = crate::https_client::client_config(gh.ca_file.as_deref())
         .map_err(|e| GatewayError::Github(format!("github.ca_file: {e}")))?;
-    let connector = crate::https_client::HttpsConnector::new(resolver.clone(), tls, config.proxy.tunnel_idle_timeout);
+    // Git bodies may idle for `github.idle_timeout`: an upstream write may stall as long.
+    let stall = config.proxy.tunnel_idle_timeout.max(gh.idle_timeout);
+    let connector = crate::https_client::HttpsConnector::new(resolver.clone(), tls, stall);
     let credentials = crate::git::credentials::Credentials::new(gh, connector.clone()).map_err(GatewayError::Github)?;
     let clients = || crate::https_client::Clients::new(connector.clone());
     let routes = crate::routes::Routes { clients: clients() };

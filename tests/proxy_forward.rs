@@ -261,12 +261,13 @@ fn upstream_without_response_gets_504() {
 }
 
 /// A config whose connections close after 1 s without a byte moving (the idle timeout,
-/// and the wait for response headers, which bounds it from below).
+/// and the wait for response headers and the git route's idle timeout, which bound it
+/// from below).
 fn quick_idle_config() -> String {
     let config = STANDARD_CONFIG
         .replace("tunnel_idle_timeout = \"30s\"", "tunnel_idle_timeout = \"1s\"\nresponse_header_timeout = \"1s\"");
     assert_ne!(config, STANDARD_CONFIG);
-    config
+    format!("{config}\n[github]\nidle_timeout = \"1s\"\n")
 }
 
 /// `sbx-a`'s open connections, as the admin listener lists them.
@@ -341,6 +342,27 @@ fn a_client_that_stops_reading_a_forwarded_response_is_closed_after_the_idle_tim
         }
     }
     assert!(got < 256 << 20, "{got} bytes");
+}
+
+#[test]
+fn a_client_reading_steadily_is_not_cut_by_the_idle_timeout() {
+    // 1 MiB every 100 ms for 4 s, with a 1 s idle timeout: the response never stalls
+    // for long, though the client reads far slower than loopback delivers.
+    let (port, _origin_closed) = endless_origin();
+    let gw = TestGateway::start(&quick_idle_config(), &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req =
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
+    client.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut client)), 200);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0usize;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(100));
+        client.read_exact(&mut buf).unwrap_or_else(|e| panic!("cut after {got} bytes: {e}"));
+        got += buf.len();
+    }
+    assert_eq!(open_connections(&gw), 1, "still streaming after {got} bytes");
 }
 
 #[test]

@@ -46,7 +46,7 @@ impl door::Inspector for Dispatch {
             let watch = Arc::new(door::watch::Watch::with_end(cancel.child_token()));
             let conn = ConnInfo { watch: Some(watch.clone()), ..conn };
             let (target, conn) = (Arc::new(target), Arc::new(conn));
-            let quiet = super::server::quiet_limit(&shared.config.proxy);
+            let quiet = super::server::quiet_limit(&shared.config);
             let handler = move |req: Request<Incoming>| {
                 let (shared, conn, target) = (shared.clone(), conn.clone(), target.clone());
                 async move { route(req, &conn, &shared, &target).await }

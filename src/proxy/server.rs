@@ -333,7 +333,7 @@ pub async fn serve_stream<I>(
     });
     let io = TokioIo::new(Watched::new(stream, watch.clone()));
     let connection = builder.serve_connection(io, service).with_upgrades();
-    let result = crate::door::watch::serve(connection, &watch, quiet_limit(cfg), Some(&shutdown)).await;
+    let result = crate::door::watch::serve(connection, &watch, quiet_limit(&shared.config), Some(&shutdown)).await;
     if let Err(e) = result {
         tracing::debug!(client_addr = %conn.peer, error = %e, "connection ended with an error");
         if let Some((reason, status)) = parser_refusal(&e) {
@@ -347,10 +347,12 @@ pub async fn serve_stream<I>(
     }
 }
 
-/// How long a served connection may move no byte: the idle timeout, or the wait for
-/// response headers when that is longer (a request waiting upstream is not idle).
-pub fn quiet_limit(cfg: &crate::config::ProxyConfig) -> Duration {
-    cfg.tunnel_idle_timeout.max(cfg.response_header_timeout)
+/// How long a served connection may move no byte: the longest of the idle timeouts
+/// (`proxy.tunnel_idle_timeout`, the git route's `github.idle_timeout`) and the wait
+/// for response headers (a request waiting upstream is not idle).
+pub fn quiet_limit(config: &crate::config::Config) -> Duration {
+    let p = &config.proxy;
+    p.tunnel_idle_timeout.max(p.response_header_timeout).max(config.github.idle_timeout)
 }
 
 /// The refusal hyper wrote on its own before it closed a connection (a bare 400, 414
