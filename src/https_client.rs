@@ -65,7 +65,23 @@ impl HttpsConnector {
     pub fn new(resolver: Arc<Resolver>, tls: rustls::ClientConfig, stall: Duration) -> Self {
         HttpsConnector { resolver, tls: tokio_rustls::TlsConnector::from(Arc::new(tls)), stall }
     }
+
+    /// The same connector with TLS sessions of its own: a session (or ticket) one
+    /// sandbox's connection got is never resumed by another's, so an upstream cannot
+    /// link two sandboxes as one client by their resumptions.
+    fn with_own_sessions(&self) -> HttpsConnector {
+        let mut tls = (**self.tls.config()).clone();
+        tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS_PER_SANDBOX);
+        HttpsConnector {
+            resolver: self.resolver.clone(),
+            tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
+            stall: self.stall,
+        }
+    }
 }
+
+/// TLS sessions a sandbox's client keeps for resumption (a few per upstream host).
+const SESSIONS_PER_SANDBOX: usize = 32;
 
 pub enum Stream {
     Plain(TokioIo<Stalling<TcpStream>>, std::net::SocketAddr),
@@ -191,7 +207,7 @@ impl Clients {
             .pool_idle_timeout(IDLE)
             .pool_max_idle_per_host(IDLE_PER_HOST)
             .set_host(true)
-            .build(self.connector.clone());
+            .build(self.connector.with_own_sessions());
         pools.by_sandbox.insert(sandbox.clone(), (client.clone(), now));
         client
     }

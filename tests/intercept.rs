@@ -268,6 +268,31 @@ fn sandboxes_never_share_an_upstream_connection() {
 }
 
 #[test]
+fn sandboxes_never_resume_each_others_tls_sessions() {
+    // Each request closes its upstream connection (`/close`), so each takes a new one.
+    // A sandbox resumes its own TLS session; another sandbox, even under the same
+    // policy, starts afresh: a shared session would let the upstream link the two.
+    let w = world();
+    let url = format!("https://evil.test:{}/close", w.origin.port());
+    for (i, (sandbox, token)) in [("sbx-a", TOKEN_A), ("sbx-a", TOKEN_A), ("sbx-a2", TOKEN_A2)].into_iter().enumerate()
+    {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "20", "--cacert", w.gw_ca.to_str().unwrap()])
+            .args(["-x", &w.gw.proxy_url(sandbox, token), "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "turn {i}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let seen: Vec<_> = w.origin.recorded().iter().map(|r| (r.peer, r.resumed)).collect();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen[0].0 != seen[1].0 && seen[1].0 != seen[2].0, "each request had its own connection: {seen:?}");
+    assert_eq!(seen[0].1, Some(false), "{seen:?}");
+    assert_eq!(seen[1].1, Some(true), "sbx-a resumes its own session: {seen:?}");
+    assert_eq!(seen[2].1, Some(false), "sbx-a2 resumed sbx-a's session: {seen:?}");
+}
+
+#[test]
 fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let w = world();
     let url = |host: &str, path: &str| format!("https://{host}:{}{path}", w.origin.port());

@@ -30,6 +30,8 @@ pub struct Recorded {
     pub method: String,
     pub uri: String,
     pub headers: Vec<(String, String)>,
+    /// Over TLS: whether the connection resumed an earlier TLS session.
+    pub resumed: Option<bool>,
 }
 
 pub struct TestOrigin {
@@ -46,6 +48,7 @@ struct Ctx {
     git_root: Option<PathBuf>,
     /// Every path is a repository path (`/OWNER/REPO.git/...`), as on GitHub.
     github_layout: bool,
+    resumed: Option<bool>,
 }
 
 impl TestOrigin {
@@ -79,7 +82,7 @@ impl TestOrigin {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind origin");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
-        let ctx = Ctx { peer: None, requests: Arc::default(), git_root, github_layout };
+        let ctx = Ctx { peer: None, requests: Arc::default(), git_root, github_layout, resumed: None };
         let requests = ctx.requests.clone();
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -96,22 +99,26 @@ impl TestOrigin {
                     let ctx = Ctx { peer: Some(peer), ..ctx.clone() };
                     let acceptor = acceptor.clone();
                     tokio::spawn(async move {
-                        let svc = service_fn(move |req| {
-                            let ctx = ctx.clone();
-                            async move { Ok::<_, Infallible>(route(req, ctx).await) }
-                        });
+                        let svc = |ctx: Ctx| {
+                            service_fn(move |req| {
+                                let ctx = ctx.clone();
+                                async move { Ok::<_, Infallible>(route(req, ctx).await) }
+                            })
+                        };
                         match acceptor {
                             Some(acc) => {
                                 if let Ok(tls) = acc.accept(stream).await {
+                                    let kind = tls.get_ref().1.handshake_kind();
+                                    let resumed = Some(kind == Some(rustls::HandshakeKind::Resumed));
                                     let _ = http1::Builder::new()
-                                        .serve_connection(TokioIo::new(tls), svc)
+                                        .serve_connection(TokioIo::new(tls), svc(Ctx { resumed, ..ctx }))
                                         .with_upgrades()
                                         .await;
                                 }
                             }
                             None => {
                                 let _ = http1::Builder::new()
-                                    .serve_connection(TokioIo::new(stream), svc)
+                                    .serve_connection(TokioIo::new(stream), svc(ctx))
                                     .with_upgrades()
                                     .await;
                             }
@@ -160,6 +167,7 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         method: req.method().to_string(),
         uri: req.uri().to_string(),
         headers: headers.clone(),
+        resumed: ctx.resumed,
     });
     let path = req.uri().path().to_string();
     if path == "/ws" {
@@ -209,6 +217,10 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         let (chunks, ms) = (it.next().unwrap_or(1), it.next().unwrap_or(100));
         let body = SlowBody { remaining: chunks, every: Duration::from_millis(ms), sleep: None, sse: false };
         return Response::new(body.boxed());
+    }
+    if path == "/close" {
+        // The connection closes after this response: the next request needs a new one.
+        return Response::builder().header("connection", "close").body(full("closing")).expect("response");
     }
     if path == "/redirect" {
         return Response::builder()
