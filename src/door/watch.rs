@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -106,6 +106,26 @@ where
 /// in progress (the refusal, in practice) before it is closed anyway.
 const ENDED_GRACE: Duration = Duration::from_secs(1);
 
+/// Wakes a served connection's task when one of its watchers fires, and remembers that
+/// one did: the watchers are polled only then, not on every wake of the connection (a
+/// keep-alive request wakes it several times; polling a timer and two cancellation
+/// futures each time cost about 3% of the request).
+struct Fired {
+    fired: AtomicBool,
+    task: atomic_waker::AtomicWaker,
+}
+
+impl std::task::Wake for Fired {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.fired.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
 /// Drives a served connection until it ends, or closes it: at once when no byte moved
 /// on it for `quiet` (a client that stopped reading a response, or a request body an
 /// origin stopped reading: hyper no longer polls that body, so its own timers cannot
@@ -121,8 +141,8 @@ pub async fn serve<C: Graceful>(
     tokio::pin!(connection);
     let silent = watch.quiet(quiet);
     tokio::pin!(silent);
-    let grace = tokio::time::sleep(Duration::MAX);
-    tokio::pin!(grace);
+    let ended = watch.end().cancelled();
+    tokio::pin!(ended);
     let drained = async {
         match drain {
             Some(d) => d.cancelled().await,
@@ -130,29 +150,48 @@ pub async fn serve<C: Graceful>(
         }
     };
     tokio::pin!(drained);
-    let (mut draining, mut ended) = (false, false);
-    loop {
-        tokio::select! {
-            r = connection.as_mut() => return r,
-            () = &mut drained, if !draining => {
-                draining = true;
-                connection.as_mut().graceful();
+    let grace = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(grace);
+    let (mut draining, mut ending) = (false, false);
+    // Set at first, so that the first poll registers every watcher.
+    let fired = std::sync::Arc::new(Fired { fired: AtomicBool::new(true), task: atomic_waker::AtomicWaker::new() });
+    let watchers = std::task::Waker::from(fired.clone());
+    std::future::poll_fn(|cx| {
+        fired.task.register(cx.waker());
+        loop {
+            if let Poll::Ready(r) = connection.as_mut().poll(cx) {
+                return Poll::Ready(r);
             }
-            () = watch.end().cancelled(), if !ended => {
-                ended = true;
-                connection.as_mut().graceful();
+            if !fired.fired.swap(false, Ordering::AcqRel) {
+                return Poll::Pending;
+            }
+            let mut wcx = Context::from_waker(&watchers);
+            let mut asked = false;
+            if !draining && drained.as_mut().poll(&mut wcx).is_ready() {
+                draining = true;
+                asked = true;
+            }
+            if !ending && ended.as_mut().poll(&mut wcx).is_ready() {
+                ending = true;
+                asked = true;
                 grace.as_mut().reset(tokio::time::Instant::now() + ENDED_GRACE);
             }
-            () = &mut grace, if ended => {
+            if ending && grace.as_mut().poll(&mut wcx).is_ready() {
                 tracing::debug!("connection closed: a sweep ended its request");
-                return Ok(());
+                return Poll::Ready(Ok(()));
             }
-            () = &mut silent => {
+            if silent.as_mut().poll(&mut wcx).is_ready() {
                 tracing::debug!(quiet_ms = quiet.as_millis() as u64, "connection closed: no byte moved on it");
-                return Ok(());
+                return Poll::Ready(Ok(()));
             }
+            if !asked {
+                return Poll::Pending;
+            }
+            // Asked to finish and close: the connection may be done at once.
+            connection.as_mut().graceful();
         }
-    }
+    })
+    .await
 }
 
 /// A byte stream that tells its [`Watch`] when bytes move.
