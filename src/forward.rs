@@ -8,10 +8,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -30,8 +31,9 @@ use crate::reload::State;
 use crate::resolve::DialError;
 
 /// What a forwarded request body is, upstream: counted, cut by a sweep, and failed
-/// after `proxy.tunnel_idle_timeout` without a byte.
-pub type UpBody = Counting<Revocable<IdleBody<Incoming>>>;
+/// after `proxy.tunnel_idle_timeout` without a byte; or none, when a request without a
+/// body is sent again ([`retry_of`]).
+pub type UpBody = Either<Counting<Revocable<IdleBody<Incoming>>>, Empty<Bytes>>;
 
 /// A client connection's upstream connection, which its forwarded requests to the same
 /// host reuse. One per client connection, never shared between client connections:
@@ -47,7 +49,14 @@ struct Kept {
     sandbox: Arc<str>,
     addr: SocketAddr,
     send: SendRequest<UpBody>,
+    /// When it was last kept (its last response's head arrived).
+    kept_at: std::time::Instant,
 }
+
+/// A kept connection idle for this long may meet the origin's idle timeout as a
+/// request goes out: a request sent on it is copied first, to be sent again. Origins
+/// time idle connections out after seconds, so back-to-back requests pay no copy.
+const IDLE_BEFORE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Upstream {
     /// The kept connection, when it leads to `target`, was opened for `sandbox` and is
@@ -85,17 +94,23 @@ async fn exchange(
     if let Some(mut kept) = upstream.take(target, sandbox)
         && kept.send.ready().await.is_ok()
     {
+        let again = if kept.kept_at.elapsed() >= IDLE_BEFORE_RETRY { retry_of(&req) } else { None };
         match kept.send.try_send_request(req).await {
             Ok(resp) => {
                 let addr = kept.addr;
                 if keep {
+                    kept.kept_at = std::time::Instant::now();
                     upstream.keep(kept);
                 }
                 return Ok((resp, addr));
             }
-            Err(mut e) => match e.take_message() {
-                Some(unsent) => req = unsent,
-                None => return Err(ExchangeError::Http(e.into_error())),
+            Err(mut e) => match (e.take_message(), again) {
+                (Some(unsent), _) => req = unsent,
+                // The origin closed the kept connection as the request went out (its
+                // idle timeout, say): it answered nothing, so a request that is safe to
+                // repeat goes once more, over a new connection.
+                (None, Some(again)) if closed_unanswered(e.error()) => req = again,
+                (None, _) => return Err(ExchangeError::Http(e.into_error())),
             },
         }
     }
@@ -104,9 +119,39 @@ async fn exchange(
     let (mut send, addr) = Box::pin(open(door, target, ended)).await?;
     let resp = send.send_request(req).await.map_err(ExchangeError::Http)?;
     if keep {
-        upstream.keep(Kept { target: target.clone(), sandbox: sandbox.clone(), addr, send });
+        upstream.keep(Kept {
+            target: target.clone(),
+            sandbox: sandbox.clone(),
+            addr,
+            send,
+            kept_at: std::time::Instant::now(),
+        });
     }
     Ok((resp, addr))
+}
+
+/// A copy of `req` to send again if a kept connection fails under it: only for a
+/// method that is safe to repeat (GET, HEAD, OPTIONS) with no body.
+fn retry_of(req: &Request<UpBody>) -> Option<Request<UpBody>> {
+    let safe = matches!(*req.method(), http::Method::GET | http::Method::HEAD | http::Method::OPTIONS);
+    if !safe || !http_body::Body::is_end_stream(req.body()) {
+        return None;
+    }
+    let mut again = Request::new(Either::Right(Empty::new()));
+    *again.method_mut() = req.method().clone();
+    *again.uri_mut() = req.uri().clone();
+    *again.version_mut() = req.version();
+    *again.headers_mut() = req.headers().clone();
+    Some(again)
+}
+
+/// True when a kept connection closed, or was reset, before any response arrived.
+fn closed_unanswered(e: &hyper::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    e.is_incomplete_message()
+        || e.is_canceled()
+        || io.is_some_and(|io| matches!(io.kind(), BrokenPipe | ConnectionAborted | ConnectionReset))
 }
 
 /// A new upstream connection to `target`, dialled to a vetted address, driven by a
@@ -308,6 +353,6 @@ fn upstream_request(
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));
-    let body = Counting::new(Revocable::new(IdleBody::new(body, idle), hold, Dir::Up), counter.clone());
+    let body = Either::Left(Counting::new(Revocable::new(IdleBody::new(body, idle), hold, Dir::Up), counter.clone()));
     Ok((Request::from_parts(parts, body), counter))
 }

@@ -443,3 +443,77 @@ fn a_reload_that_revokes_a_stalled_response_closes_it_at_once() {
         }
     }
 }
+
+/// An origin whose first connection answers one request, then reads the next head and
+/// closes without answering (as at the end of its keep-alive timeout); later
+/// connections answer every request with `again`. Sends each request line it reads on
+/// the channel, with the connection's number.
+fn closes_after_one() -> (u16, std::sync::mpsc::Receiver<(usize, String)>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for (n, conn) in listener.incoming().enumerate().take(3) {
+            let Ok(mut s) = conn else { return };
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for i in 0.. {
+                    let head = raw::read_head(&mut s);
+                    if head.is_empty() {
+                        return;
+                    }
+                    let _ = tx.send((n, head.lines().next().unwrap_or_default().to_string()));
+                    if n == 0 && i == 1 {
+                        return; // closed, unanswered
+                    }
+                    let body = if n == 0 { "first" } else { "again" };
+                    let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    if s.write_all(resp.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, rx)
+}
+
+#[test]
+fn a_safe_request_on_a_kept_connection_the_origin_closed_is_sent_again() {
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let auth = basic("sbx-a", TOKEN_A);
+    // A GET: the kept connection closes under it, and it goes again on a new one.
+    let (port, seen) = closes_after_one();
+    let mut client = raw::connect(gw.addr);
+    let get = format!("GET http://origin.test:{port}/x HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
+    client.write_all(get.as_bytes()).unwrap();
+    let first = read_response(&mut client);
+    assert!(first.ends_with("first"), "{first}");
+    // Idle for over a second, as a connection an origin times out is.
+    std::thread::sleep(Duration::from_millis(1100));
+    client.write_all(get.as_bytes()).unwrap();
+    let second = read_response(&mut client);
+    assert_eq!(status(&second), 200, "{second}");
+    assert!(second.ends_with("again"), "{second}");
+    let lines: Vec<_> = seen.try_iter().collect();
+    assert_eq!(lines.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0, 1], "{lines:?}");
+
+    // A POST is not repeated: the client hears that the upstream failed.
+    let (port, seen) = closes_after_one();
+    let mut client = raw::connect(gw.addr);
+    let get = format!("GET http://origin.test:{port}/x HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
+    client.write_all(get.as_bytes()).unwrap();
+    assert!(read_response(&mut client).ends_with("first"));
+    std::thread::sleep(Duration::from_millis(1100));
+    let post = format!(
+        "POST http://origin.test:{port}/x HTTP/1.1\r\nProxy-Authorization: {auth}\r\nContent-Length: 4\r\n\r\nbody"
+    );
+    client.write_all(post.as_bytes()).unwrap();
+    let answer = read_response(&mut client);
+    assert_eq!(status(&answer), 502, "{answer}");
+    assert!(answer.contains("upstream_unreachable"), "{answer}");
+    std::thread::sleep(Duration::from_millis(200));
+    let lines: Vec<_> = seen.try_iter().collect();
+    assert_eq!(lines.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0], "sent once only: {lines:?}");
+}
