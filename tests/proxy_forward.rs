@@ -312,17 +312,39 @@ fn endless_origin() -> (u16, std::sync::mpsc::Receiver<()>) {
     (port, rx)
 }
 
+/// A client connection through `gw` that asked `endless_origin` at `port` for its
+/// body and got the head.
+fn endless_response(gw: &TestGateway, port: u16) -> std::net::TcpStream {
+    let mut client = raw::connect(gw.addr);
+    let req =
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
+    client.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut client)), 200);
+    client
+}
+
+/// Reads until the gateway closes `client` (within 10 s of silence); the bytes read.
+fn read_until_closed(client: &mut std::net::TcpStream) -> usize {
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the client connection was not closed: {e} after {got} bytes"),
+        }
+    }
+}
+
 #[test]
 fn a_client_that_stops_reading_a_forwarded_response_is_closed_after_the_idle_timeout() {
     // Hyper stops polling a response body while the client does not read it, so the
     // body's own idle timer never runs: the connection's watch closes it instead.
     let (port, origin_closed) = endless_origin();
     let gw = TestGateway::start(&quick_idle_config(), &standard_policy());
-    let mut client = raw::connect(gw.addr);
-    let req =
-        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
-    client.write_all(req.as_bytes()).unwrap();
-    assert_eq!(status(&raw::read_head(&mut client)), 200);
+    let mut client = endless_response(&gw, port);
     assert_eq!(open_connections(&gw), 1, "the exchange is registered while it flows");
     // The client reads nothing more: buffers fill, then no byte moves for 1 s.
     origin_closed.recv_timeout(Duration::from_secs(15)).expect("the gateway closes the origin's connection");
@@ -330,17 +352,7 @@ fn a_client_that_stops_reading_a_forwarded_response_is_closed_after_the_idle_tim
     let rec = gw.wait_for_access(1, |v| v["target"] == format!("origin.test:{port}"));
     assert_eq!(rec[0]["status"], 200, "{rec:?}");
     // What the kernel buffered arrives, then the end: nowhere near the endless body.
-    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut got = 0usize;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match client.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
-            Err(e) => panic!("the client connection was not closed: {e} after {got} bytes"),
-        }
-    }
+    let got = read_until_closed(&mut client);
     assert!(got < 256 << 20, "{got} bytes");
 }
 
@@ -350,11 +362,7 @@ fn a_client_reading_steadily_is_not_cut_by_the_idle_timeout() {
     // for long, though the client reads far slower than loopback delivers.
     let (port, _origin_closed) = endless_origin();
     let gw = TestGateway::start(&quick_idle_config(), &standard_policy());
-    let mut client = raw::connect(gw.addr);
-    let req =
-        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
-    client.write_all(req.as_bytes()).unwrap();
-    assert_eq!(status(&raw::read_head(&mut client)), 200);
+    let mut client = endless_response(&gw, port);
     let mut buf = vec![0u8; 1 << 20];
     let mut got = 0usize;
     for _ in 0..40 {
@@ -419,11 +427,7 @@ fn a_reload_that_revokes_a_stalled_response_closes_it_at_once() {
     // A long idle timeout: only the sweep can end this exchange in time.
     let (port, origin_closed) = endless_origin();
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    let mut client = raw::connect(gw.addr);
-    let req =
-        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
-    client.write_all(req.as_bytes()).unwrap();
-    assert_eq!(status(&raw::read_head(&mut client)), 200);
+    let mut client = endless_response(&gw, port);
     // Let the buffers fill, so that nobody polls the response body.
     std::thread::sleep(Duration::from_millis(500));
     let narrowed = standard_policy().replace("\"origin.test:*\", ", "");
@@ -432,16 +436,7 @@ fn a_reload_that_revokes_a_stalled_response_closes_it_at_once() {
     gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "closing a connection");
     origin_closed.recv_timeout(Duration::from_secs(5)).expect("the sweep closes the origin's connection");
     eventually(Duration::from_secs(5), "the exchange leaves the registry", || open_connections(&gw) == 0);
-    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match client.read(&mut buf) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
-            Err(e) => panic!("the client connection was not closed: {e}"),
-        }
-    }
+    read_until_closed(&mut client);
 }
 
 /// An origin whose first connection answers one request, then reads the next head and
