@@ -131,10 +131,12 @@ async fn exchange(
 }
 
 /// A copy of `req` to send again if a kept connection fails under it: only for a
-/// method that is safe to repeat (GET, HEAD, OPTIONS) with no body.
+/// method that is safe to repeat (GET, HEAD, OPTIONS) with no body, and never for a
+/// request that asks to upgrade the connection (a WebSocket handshake opens a session
+/// at the origin; it is not repeated behind the client's back).
 fn retry_of(req: &Request<UpBody>) -> Option<Request<UpBody>> {
     let safe = matches!(*req.method(), http::Method::GET | http::Method::HEAD | http::Method::OPTIONS);
-    if !safe || !http_body::Body::is_end_stream(req.body()) {
+    if !safe || !http_body::Body::is_end_stream(req.body()) || is_upgrade(req.headers()) {
         return None;
     }
     let mut again = Request::new(Either::Right(Empty::new()));
@@ -145,12 +147,13 @@ fn retry_of(req: &Request<UpBody>) -> Option<Request<UpBody>> {
     Some(again)
 }
 
-/// True when a kept connection closed, or was reset, before any response arrived.
+/// True when a kept connection closed, or was reset, before a complete response head
+/// arrived: nothing, a partial head, or only interim (`1xx`) responses reached the
+/// gateway, so nothing reached the client either.
 fn closed_unanswered(e: &hyper::Error) -> bool {
     use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
     let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
     e.is_incomplete_message()
-        || e.is_canceled()
         || io.is_some_and(|io| matches!(io.kind(), BrokenPipe | ConnectionAborted | ConnectionReset))
 }
 

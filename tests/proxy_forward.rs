@@ -511,4 +511,22 @@ fn a_safe_request_on_a_kept_connection_the_origin_closed_is_sent_again() {
     std::thread::sleep(Duration::from_millis(200));
     let lines: Vec<_> = seen.try_iter().collect();
     assert_eq!(lines.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0], "sent once only: {lines:?}");
+
+    // Nor is a WebSocket handshake, though it is a GET without a body.
+    let (port, seen) = closes_after_one();
+    let get = format!("GET http://origin.test:{port}/x HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n");
+    let mut client = raw::connect(gw.addr);
+    client.write_all(get.as_bytes()).unwrap();
+    assert!(read_response(&mut client).ends_with("first"));
+    std::thread::sleep(Duration::from_millis(1100));
+    let upgrade = format!(
+        "GET http://origin.test:{port}/ws HTTP/1.1\r\nProxy-Authorization: {auth}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    client.write_all(upgrade.as_bytes()).unwrap();
+    let answer = read_response(&mut client);
+    assert_eq!(status(&answer), 502, "{answer}");
+    std::thread::sleep(Duration::from_millis(200));
+    let lines: Vec<_> = seen.try_iter().collect();
+    assert_eq!(lines.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0], "sent once only: {lines:?}");
 }
