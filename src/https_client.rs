@@ -1,6 +1,8 @@
-//! A connector for upstreams the gateway itself talks to over HTTPS (GitHub, its API):
-//! every connection is resolved, vetted and dialled like sandbox traffic, then TLS is
-//! verified against the platform's roots plus an optional extra CA file.
+//! A connector for upstreams the gateway itself talks to over HTTPS (GitHub, its API,
+//! inspected hosts): every connection is resolved, vetted and dialled like sandbox
+//! traffic, then TLS is verified against the platform's roots plus an optional extra
+//! CA file. HTTP/1.1 unless a request asks for HTTP/2 ([`Version::Http2`]): then the
+//! upstream is offered both by ALPN, and HTTP/2 is spoken where it accepts it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -68,10 +70,14 @@ impl HttpsConnector {
 
     /// The same connector with TLS sessions of its own: a session (or ticket) one
     /// sandbox's connection got is never resumed by another's, so an upstream cannot
-    /// link two sandboxes as one client by their resumptions.
-    fn with_own_sessions(&self) -> HttpsConnector {
+    /// link two sandboxes as one client by their resumptions. With `Version::Http2` it
+    /// offers `h2` before `http/1.1`.
+    fn with_own_sessions(&self, version: Version) -> HttpsConnector {
         let mut tls = (**self.tls.config()).clone();
         tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS_PER_SANDBOX);
+        if version == Version::Http2 {
+            tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        }
         HttpsConnector {
             resolver: self.resolver.clone(),
             tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
@@ -123,7 +129,14 @@ impl tower_service::Service<Uri> for HttpsConnector {
 impl Connection for Stream {
     fn connected(&self) -> Connected {
         match self {
-            Stream::Plain(_, a) | Stream::Tls(_, a) => Connected::new().extra(UpstreamAddr(*a)),
+            Stream::Plain(_, a) => Connected::new().extra(UpstreamAddr(*a)),
+            Stream::Tls(s, a) => {
+                let connected = Connected::new().extra(UpstreamAddr(*a));
+                match s.inner().get_ref().1.alpn_protocol() {
+                    Some(b"h2") => connected.negotiated_h2(),
+                    _ => connected,
+                }
+            }
         }
     }
 }
@@ -179,8 +192,19 @@ pub struct Clients {
 }
 
 struct Pools {
-    by_sandbox: HashMap<Arc<str>, (HttpsClient, Instant)>,
+    by_sandbox: HashMap<(Arc<str>, Version), (HttpsClient, Instant)>,
     swept: Instant,
+}
+
+/// What a request may be sent as upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// HTTP/1.1 only (an upgrade, a WebSocket, needs it; so do the git and API routes,
+    /// whose handlers frame bodies themselves).
+    Http1,
+    /// HTTP/2 where the upstream offers it, else HTTP/1.1: for requests a client sent
+    /// over HTTP/2 (gRPC needs HTTP/2 end to end, and its trailers).
+    Http2,
 }
 
 impl Clients {
@@ -189,11 +213,12 @@ impl Clients {
         Clients { connector, pools: Mutex::new(pools) }
     }
 
-    /// `sandbox`'s client, made on first use.
-    pub fn for_sandbox(&self, sandbox: &Arc<str>) -> HttpsClient {
+    /// `sandbox`'s client for `version`, made on first use.
+    pub fn for_sandbox(&self, sandbox: &Arc<str>, version: Version) -> HttpsClient {
         let now = Instant::now();
         let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((client, used)) = pools.by_sandbox.get_mut(sandbox) {
+        let key = (sandbox.clone(), version);
+        if let Some((client, used)) = pools.by_sandbox.get_mut(&key) {
             *used = now;
             return client.clone();
         }
@@ -207,8 +232,8 @@ impl Clients {
             .pool_idle_timeout(IDLE)
             .pool_max_idle_per_host(IDLE_PER_HOST)
             .set_host(true)
-            .build(self.connector.with_own_sessions());
-        pools.by_sandbox.insert(sandbox.clone(), (client.clone(), now));
+            .build(self.connector.with_own_sessions(version));
+        pools.by_sandbox.insert(key, (client.clone(), now));
         client
     }
 
@@ -230,7 +255,19 @@ pub async fn send(
     timeout: Duration,
     what: &str,
 ) -> Result<http::Response<hyper::body::Incoming>, (DenyReason, String)> {
-    let client = clients.for_sandbox(sandbox);
+    send_as(clients, sandbox, req, timeout, what, Version::Http1).await
+}
+
+/// [`send`], as `version` allows.
+pub async fn send_as(
+    clients: &Clients,
+    sandbox: &Arc<str>,
+    req: http::Request<ProxyBody>,
+    timeout: Duration,
+    what: &str,
+    version: Version,
+) -> Result<http::Response<hyper::body::Incoming>, (DenyReason, String)> {
+    let client = clients.for_sandbox(sandbox, version);
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) => Err(match crate::dial::dial_error(&e) {

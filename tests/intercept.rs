@@ -42,7 +42,7 @@ fn policy(port: u16) -> String {
     format!(
         r#"
 [policies.a]
-inspect = ["inspect.test:*", "evil.test:*", "pinned.test:*", "neveronly.test:*"]
+inspect = ["inspect.test:*", "evil.test:*", "pinned.test:*", "neveronly.test:*", "grpc.test:*"]
 allow = ["plain.test:*", "pinned.test:*"]
 
 [[policies.a.requests]]
@@ -59,6 +59,11 @@ action = "deny"
 [[policies.a.requests]]
 host = "evil.test"
 methods = ["GET"]
+action = "allow"
+
+[[policies.a.requests]]
+host = "grpc.test"
+paths = ["/echo.Echo/Say"]
 action = "allow"
 
 [policies.b]
@@ -93,7 +98,7 @@ fn world() -> World {
 fn world_with(proxy: &str) -> World {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = make_ca(dir.path());
-    let origin_ca = TestCa::new(&["inspect.test", "evil.test", "pinned.test", "plain.test"]);
+    let origin_ca = TestCa::new(&["inspect.test", "evil.test", "pinned.test", "plain.test", "grpc.test"]);
     let origin = TestOrigin::https(&origin_ca);
     let secret_file = dir.path().join("openai.key");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
@@ -113,6 +118,7 @@ hosts_file = false
 "pinned.test" = ["127.0.0.1"]
 "plain.test" = ["127.0.0.1"]
 "neveronly.test" = ["127.0.0.1"]
+"grpc.test" = ["127.0.0.1"]
 
 [egress]
 allow = ["127.0.0.1/32"]
@@ -944,4 +950,83 @@ except (ConnectionResetError, ssl.SSLError) as e:
     assert!(child.wait().unwrap().success());
     let total: u64 = rest.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
     assert!(rest.starts_with("closed") && total < 134217728, "{rest}");
+}
+
+/// A Python gRPC server (grpcio) on TLS with the origin's certificate, stopped on drop.
+struct GrpcServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn grpc_server(ca: &TestCa) -> GrpcServer {
+    use std::io::BufRead;
+    let script = r#"
+import grpc, sys
+from concurrent import futures
+def say(req, ctx):
+    ctx.set_trailing_metadata((("x-trailer", "from-origin"),))
+    return b"echo:" + req
+h = grpc.method_handlers_generic_handler("echo.Echo", {"Say": grpc.unary_unary_rpc_method_handler(say)})
+s = grpc.server(futures.ThreadPoolExecutor(2))
+s.add_generic_rpc_handlers((h,))
+creds = grpc.ssl_server_credentials([(open(sys.argv[2], "rb").read(), open(sys.argv[1], "rb").read())])
+print(s.add_secure_port("127.0.0.1:0", creds), flush=True)
+s.start()
+s.wait_for_termination()
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script, ca.cert_pem_path.to_str().unwrap(), ca.key_pem_path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    // The server prints its port, or exits (and the read ends) if it cannot start.
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let port = line.trim().parse().unwrap_or_else(|_| panic!("the gRPC server did not start: {line:?}"));
+    GrpcServer { child, port }
+}
+
+#[test]
+fn grpc_through_an_inspected_host_keeps_http2_and_trailers_and_shows_refusals() {
+    let w = world();
+    let server = grpc_server(&w.origin_ca);
+    // grpcio reads the proxy from https_proxy, as it would in a sandbox.
+    let script = r#"
+import grpc, sys
+port, ca = sys.argv[1], sys.argv[2]
+ch = grpc.secure_channel(f"grpc.test:{port}", grpc.ssl_channel_credentials(root_certificates=open(ca, "rb").read()))
+reply, call = ch.unary_unary("/echo.Echo/Say").with_call(b"hi", timeout=20)
+print("reply", reply.decode(), dict(call.trailing_metadata()).get("x-trailer"))
+try:
+    ch.unary_unary("/echo.Echo/Drop")(b"x", timeout=20)
+    print("refused no")
+except grpc.RpcError as e:
+    print("refused", e.code().name, e.details())
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &server.port.to_string(), w.gw_ca.to_str().unwrap()])
+        .env("https_proxy", w.gw.proxy_url("sbx-a", TOKEN_A))
+        .env_remove("grpc_proxy")
+        .env_remove("no_proxy")
+        .env_remove("NO_PROXY")
+        .env_remove("no_grpc_proxy")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    // The origin only speaks HTTP/2: the call went through as HTTP/2, trailers included.
+    assert!(text.contains("reply echo:hi from-origin"), "{text}");
+    // The refusal reached the caller as a gRPC status with the reason and the fix.
+    let refused = text.lines().find(|l| l.starts_with("refused")).unwrap_or_default();
+    assert!(refused.starts_with("refused PERMISSION_DENIED request_not_allowed"), "{text}");
+    assert!(refused.contains("/echo.Echo/Drop"), "{text}");
+    let log = w.gw.log_text();
+    assert!(log.contains("/echo.Echo/Say") && log.contains("/echo.Echo/Drop"), "both calls are in the access log");
 }

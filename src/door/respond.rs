@@ -80,6 +80,69 @@ pub fn deny(reason: DenyReason, d: &Denial<'_>) -> Response<ProxyBody> {
 
 pub const PROXY_STATUS: &str = "proxy-status";
 
+/// A gRPC request (over HTTP/2): a refusal is only shown to its caller in gRPC's own
+/// terms ([`as_grpc`]). gRPC-Web (`application/grpc-web`) carries its status in the
+/// body and is answered like any request.
+pub fn is_grpc<B>(req: &http::Request<B>) -> bool {
+    let ct = req.headers().get(CONTENT_TYPE).map(HeaderValue::as_bytes).unwrap_or_default();
+    let grpc = ct.len() >= 16 && ct[..16].eq_ignore_ascii_case(b"application/grpc");
+    let web = ct.len() >= 20 && ct[..20].eq_ignore_ascii_case(b"application/grpc-web");
+    req.version() == http::Version::HTTP_2 && grpc && !web
+}
+
+/// The gRPC status code a refusal with this HTTP status maps to.
+fn grpc_status(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        // UNAUTHENTICATED
+        401 | 407 => "16",
+        // PERMISSION_DENIED
+        403 => "7",
+        // RESOURCE_EXHAUSTED: a limit or a budget, not an outage to retry through
+        429 => "8",
+        // UNAVAILABLE
+        502..=504 => "14",
+        // INTERNAL, as gRPC maps any other HTTP error
+        _ => "13",
+    }
+}
+
+/// Rewrites a refusal as gRPC's "trailers-only" answer: `200`, `content-type:
+/// application/grpc`, `grpc-status` (the refusal's status mapped) and `grpc-message`
+/// (the reason code, its message and the hint, percent-encoded), with no body. A gRPC
+/// client shows only these, never a body or a status line. The refusal's own headers
+/// (`X-Egress-Deny-Reason`, `Proxy-Status`, `Retry-After`...) stay.
+pub fn as_grpc(resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    let (mut parts, _body) = resp.into_parts();
+    let message = parts
+        .extensions
+        .remove::<hyper::ext::ReasonPhrase>()
+        .and_then(|p| {
+            let p = String::from_utf8_lossy(p.as_bytes()).into_owned();
+            let (_, rest) = p.split_once(" (")?;
+            Some(rest.strip_suffix(')').unwrap_or(rest).to_string())
+        })
+        .unwrap_or_else(|| parts.status.canonical_reason().unwrap_or("refused").to_string());
+    let mut encoded = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            encoded.push(char::from(b));
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    let status = grpc_status(parts.status);
+    parts.status = StatusCode::OK;
+    let h = &mut parts.headers;
+    h.remove(http::header::CONTENT_LENGTH);
+    h.remove(PROXY_AUTHENTICATE);
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from_static(status));
+    if let Ok(v) = HeaderValue::from_str(&encoded) {
+        h.insert("grpc-message", v);
+    }
+    Response::from_parts(parts, empty())
+}
+
 /// Sets the reason phrase of a denial for its (final) status: the canonical phrase,
 /// then the explanation in parentheses.
 pub fn rephrase<B>(resp: &mut Response<B>, reason: DenyReason, hint: Option<&str>) {
@@ -231,5 +294,32 @@ mod tests {
         assert!(field("date").is_some());
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["reason"], "host_not_allowed");
+    }
+
+    #[test]
+    fn grpc_calls_get_their_refusals_as_a_grpc_status() {
+        let req =
+            |ct: &str, v: http::Version| http::Request::builder().version(v).header(CONTENT_TYPE, ct).body(()).unwrap();
+        assert!(is_grpc(&req("application/grpc", http::Version::HTTP_2)));
+        assert!(is_grpc(&req("Application/GRPC+proto", http::Version::HTTP_2)));
+        assert!(!is_grpc(&req("application/grpc-web+proto", http::Version::HTTP_2)));
+        assert!(!is_grpc(&req("application/grpc", http::Version::HTTP_11)));
+        assert!(!is_grpc(&req("application/json", http::Version::HTTP_2)));
+
+        let d = Denial { hint: Some("100% sure: \u{e9}".into()), ..Default::default() };
+        let resp = as_grpc(deny(DenyReason::LimitExceeded, &d));
+        assert_eq!(resp.status(), StatusCode::OK);
+        let h = resp.headers();
+        assert_eq!(h[CONTENT_TYPE], "application/grpc");
+        assert_eq!(h["grpc-status"], "8", "a limit is RESOURCE_EXHAUSTED");
+        assert_eq!(h[DENY_REASON_HEADER], "limit_exceeded");
+        assert!(h.contains_key(http::header::RETRY_AFTER));
+        let msg = h["grpc-message"].to_str().unwrap();
+        assert!(msg.starts_with("limit_exceeded: "), "{msg}");
+        assert!(msg.ends_with("100%25 sure: ?"), "percent-encoded, non-ASCII already replaced: {msg}");
+        assert!(http_body::Body::is_end_stream(resp.body()), "trailers-only: no body");
+        let auth = as_grpc(deny(DenyReason::AuthRequired, &Denial::default()));
+        assert_eq!(auth.headers()["grpc-status"], "16");
+        assert!(!auth.headers().contains_key(PROXY_AUTHENTICATE));
     }
 }

@@ -56,6 +56,11 @@ pub async fn handle(
 
     let line = request_line_len(&req);
     let wants_upgrade = is_upgrade(req.headers());
+    // A client that spoke HTTP/2 is answered over HTTP/2 from the upstream where it
+    // speaks it: gRPC needs HTTP/2 end to end, with `TE: trailers` and its trailers.
+    let h2 = req.version() == http::Version::HTTP_2;
+    let te_trailers =
+        h2 && req.headers().get(header::TE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let mut body = Some(body);
@@ -147,6 +152,10 @@ pub async fn handle(
     // The headers judged are the headers sent: hop-by-hop ones (and any the client
     // nominates in `Connection`) go before the decision.
     strip_hop_by_hop(&mut parts.headers, wants_upgrade);
+    if te_trailers {
+        // The one `TE` HTTP/2 allows, which gRPC servers look for.
+        parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     let subject = Subject::Request {
         target: target.clone(),
         method: method.clone(),
@@ -207,7 +216,10 @@ pub async fn handle(
         body = redact::RedactBody::replacing(body, placeholder, value).boxed_unsync();
     }
 
-    let uri = format!("https://{target}{}", parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+    // Over HTTP/2 the URI's authority becomes `:authority`, the one name sent (no
+    // `Host`); an HTTP/1.1 upstream gets `Host` from it as well.
+    let authority = if h2 { shown.clone() } else { target.to_string() };
+    let uri = format!("https://{authority}{}", parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     let Ok(uri) = uri.parse::<http::Uri>() else {
         return finish(&mut rec, DenyReason::BadRequest, None, "invalid request path", Entry::Absolute);
     };
@@ -226,19 +238,21 @@ pub async fn handle(
     *up.method_mut() = parts.method.clone();
     *up.uri_mut() = uri;
     *up.headers_mut() = std::mem::take(&mut parts.headers);
-    if let Ok(h) = HeaderValue::from_str(&shown) {
+    if !h2 && let Ok(h) = HeaderValue::from_str(&shown) {
         up.headers_mut().insert(header::HOST, h);
     }
+    let version = if h2 { crate::https_client::Version::Http2 } else { crate::https_client::Version::Http1 };
 
     let timeout = door.config.proxy.response_header_timeout;
     let sent = hold
         .registration()
-        .unless_ended(crate::https_client::send(
+        .unless_ended(crate::https_client::send_as(
             &intercept.clients,
             &identity.sandbox,
             up,
             timeout,
             "the inspected host",
+            version,
         ))
         .await;
     let resp = match sent {

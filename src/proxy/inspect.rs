@@ -56,8 +56,18 @@ impl door::Inspector for Dispatch {
     }
 }
 
-/// One request inside an inspected connection to `target`.
-async fn route(
+/// One request inside an inspected connection to `target`; a gRPC call's refusal is
+/// answered in gRPC's terms, the only ones its caller shows.
+async fn route(req: Request<Incoming>, conn: &ConnInfo, shared: &Arc<Shared>, target: &Target) -> Response<ProxyBody> {
+    let grpc = door::respond::is_grpc(&req);
+    let resp = choose(req, conn, shared, target).await;
+    if grpc && resp.headers().contains_key(door::respond::DENY_REASON_HEADER) {
+        return door::respond::as_grpc(resp);
+    }
+    resp
+}
+
+async fn choose(
     mut req: Request<Incoming>,
     conn: &ConnInfo,
     shared: &Arc<Shared>,
