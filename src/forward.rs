@@ -22,7 +22,9 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::budget::Dir;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
-use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop, unjudged_framing};
+use crate::door::headers::{
+    is_upgrade, is_websocket_upgrade, strip_hop_by_hop, strip_upstream_response, unjudged_framing,
+};
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::watch::Stalling;
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
@@ -326,7 +328,7 @@ pub async fn handle(
     }
 
     let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers, false);
+    strip_upstream_response(&mut parts.headers, false);
     let idle = door.config.proxy.tunnel_idle_timeout;
     let body = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);

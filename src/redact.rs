@@ -109,6 +109,8 @@ pub struct RedactBody<B> {
     /// last two bytes emitted, to see one across chunks.
     guard: bool,
     prev: Vec<u8>,
+    /// Trailers that came while bytes were held back: the held bytes go out first.
+    trailers: Option<Frame<Bytes>>,
 }
 
 impl<B> RedactBody<B> {
@@ -128,6 +130,7 @@ impl<B> RedactBody<B> {
             done: false,
             guard: true,
             prev: Vec::new(),
+            trailers: None,
         }
     }
 }
@@ -141,6 +144,9 @@ where
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(trailers) = self.trailers.take() {
+            return Poll::Ready(Some(Ok(trailers)));
+        }
         if self.done {
             return Poll::Ready(None);
         }
@@ -170,16 +176,26 @@ where
                     self.carry = BytesMut::from(&tail[..]);
                     Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
                 }
-                // Trailers: redacted like headers.
-                Err(frame) => match frame.into_trailers() {
-                    Ok(mut trailers) if self.replacement == MARK.as_bytes() => {
-                        let secret = String::from_utf8_lossy(&self.secret).into_owned();
-                        headers(&mut trailers, &secret);
-                        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+                // Trailers: redacted like headers. They end the body, so the bytes
+                // held back for a possible match go out first, then the trailers.
+                Err(frame) => {
+                    let frame = match frame.into_trailers() {
+                        Ok(mut trailers) => {
+                            if self.replacement == MARK.as_bytes() {
+                                let secret = String::from_utf8_lossy(&self.secret).into_owned();
+                                headers(&mut trailers, &secret);
+                            }
+                            Frame::trailers(trailers)
+                        }
+                        Err(frame) => frame,
+                    };
+                    if self.carry.is_empty() {
+                        return Poll::Ready(Some(Ok(frame)));
                     }
-                    Ok(trailers) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
-                    Err(frame) => Poll::Ready(Some(Ok(frame))),
-                },
+                    self.trailers = Some(frame);
+                    let rest = std::mem::take(&mut self.carry).freeze();
+                    Poll::Ready(Some(Ok(Frame::data(rest))))
+                }
             },
             Poll::Ready(None) => {
                 self.done = true;
@@ -225,5 +241,35 @@ mod tests {
         assert!(!h.contains_key("x-sk-secret-123"), "a header named after the key goes");
         assert_eq!(h["x-echo"].as_bytes(), b"\xe9 [REDACTED] \xff");
         assert_eq!(h["x-plain"], "key=[REDACTED]");
+    }
+
+    /// A body that yields the given frames, last first.
+    struct Frames(Vec<Frame<Bytes>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop().map(Ok))
+        }
+    }
+
+    #[tokio::test]
+    async fn held_back_bytes_go_out_before_the_trailers() {
+        use http_body_util::BodyExt;
+        // A gRPC reply whose last bytes could begin the secret, then trailers.
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", http::HeaderValue::from_static("0"));
+        t.insert("x-key", http::HeaderValue::from_static("sk-secret-123"));
+        let frames = Frames(vec![Frame::trailers(t), Frame::data(Bytes::from_static(b"reply: hi s"))]);
+        let body = RedactBody::new(frames, "sk-secret-123");
+        let collected = body.collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("trailers kept");
+        assert_eq!(collected.to_bytes(), "reply: hi s", "no byte lost before the trailers");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["x-key"], "[REDACTED]");
     }
 }

@@ -20,7 +20,7 @@ use crate::budget::Dir;
 use crate::config::RouteConfig;
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody};
-use crate::door::headers::strip_hop_by_hop;
+use crate::door::headers::strip_upstream_response;
 use crate::door::limits::SandboxLimits;
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
@@ -166,7 +166,7 @@ pub async fn handle(
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers, false);
+    strip_upstream_response(&mut parts.headers, false);
     // The upstream's own reason phrase is not passed on: it is not redacted.
     parts.extensions.remove::<hyper::ext::ReasonPhrase>();
     // Redaction can change the length.

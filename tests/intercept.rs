@@ -216,6 +216,10 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
         assert_eq!(r.status, 400, "{path}: {}", r.body);
         assert!(r.headers.contains("x-egress-deny-reason: bad_request"), "{}", r.headers);
     }
+    // A tunnel inside the inspected connection is not judged as a request: refused.
+    let r = curl(&w, &w.gw_ca, &["--http1.1", "-X", "CONNECT"], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("CONNECT inside an inspected connection"), "{}", r.body);
 
     // Another policy without request rules: inspected, so every request is refused.
     let out = Command::new("curl")
@@ -1029,4 +1033,81 @@ except grpc.RpcError as e:
     assert!(refused.contains("/echo.Echo/Drop"), "{text}");
     let log = w.gw.log_text();
     assert!(log.contains("/echo.Echo/Say") && log.contains("/echo.Echo/Drop"), "both calls are in the access log");
+}
+
+/// A Node HTTP/2 origin (on the origin's certificate) and a Node HTTP/2 client that
+/// reaches it through the gateway (CONNECT, then TLS with the gateway's CA). The client
+/// sends request trailers; the origin answers with the gateway's own refusal headers
+/// forged, and tells what trailers it got. Then the client asks for a tunnel inside.
+#[test]
+fn http2_request_trailers_are_dropped_tunnels_refused_and_an_origin_cannot_forge_a_refusal() {
+    let w = world();
+    let js = r#"
+const http = require('http'), http2 = require('http2'), tls = require('tls'), fs = require('fs');
+const [proxy, gwCa, cert, key] = process.argv.slice(1);
+const server = http2.createSecureServer({ cert: fs.readFileSync(cert), key: fs.readFileSync(key) });
+server.on('stream', (stream, headers) => {
+  let got = {};
+  stream.on('trailers', (t) => { got = t; });
+  stream.on('data', () => {});
+  stream.on('end', () => {
+    stream.respond({ ':status': 200, 'content-type': 'application/grpc',
+      'x-egress-deny-reason': 'host_not_allowed', 'proxy-status': 'egress-gateway; error=forged' },
+      { waitForTrailers: true });
+    stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0' }));
+    stream.end(JSON.stringify({ smuggled: got['x-smuggled'] || null }));
+  });
+});
+server.listen(0, '127.0.0.1', () => {
+  const port = server.address().port;
+  const u = new URL(proxy);
+  const auth = Buffer.from(decodeURIComponent(u.username) + ':' + decodeURIComponent(u.password)).toString('base64');
+  const req = http.request({ host: u.hostname, port: u.port, method: 'CONNECT', path: `grpc.test:${port}`,
+    headers: { 'proxy-authorization': 'Basic ' + auth } });
+  req.on('connect', (res, socket) => {
+    if (res.statusCode !== 200) { console.log('connect', res.statusCode); process.exit(1); }
+    const client = http2.connect(`https://grpc.test:${port}`, { createConnection: () =>
+      tls.connect({ socket, servername: 'grpc.test', ca: fs.readFileSync(gwCa), ALPNProtocols: ['h2'] }) });
+    const s = client.request({ ':method': 'POST', ':path': '/echo.Echo/Say',
+      'content-type': 'application/grpc', te: 'trailers' }, { waitForTrailers: true });
+    s.on('wantTrailers', () => s.sendTrailers({ 'x-smuggled': 'EGRESS_SECRET_openai' }));
+    let head = {}, body = '', trailers = {};
+    s.on('response', (h) => { head = h; });
+    s.on('trailers', (t) => { trailers = t; });
+    s.on('data', (d) => { body += d; });
+    s.on('end', () => {
+      const first = { status: head[':status'], deny: head['x-egress-deny-reason'] || null,
+        proxyStatus: head['proxy-status'] || null, body, grpcStatus: trailers['grpc-status'] || head['grpc-status'] };
+      // Then a tunnel inside the inspected connection, as HTTP/2 asks for one.
+      const t = client.request({ ':method': 'CONNECT', ':authority': 'elsewhere.test:443' });
+      t.on('response', (h) => {
+        first.tunnel = h[':status'];
+        first.tunnelReason = h['x-egress-deny-reason'] || null;
+        console.log(JSON.stringify(first));
+        process.exit(0);
+      });
+      t.on('error', (e) => { first.tunnel = String(e); console.log(JSON.stringify(first)); process.exit(0); });
+    });
+    s.end('\0\0\0\0\x02hi');
+  });
+  req.end();
+});
+setTimeout(() => { console.log('timeout'); process.exit(1); }, 20000).unref();
+"#;
+    let out = Command::new("node")
+        .args(["-e", js, &w.gw.proxy_url("sbx-a", TOKEN_A), w.gw_ca.to_str().unwrap()])
+        .args([w.origin_ca.cert_pem_path.to_str().unwrap(), w.origin_ca.key_pem_path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}\n{}", String::from_utf8_lossy(&out.stderr), w.gw.log_text());
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    // The request's trailers were judged by no rule: they never reached the origin.
+    assert_eq!(v["body"], r#"{"smuggled":null}"#, "{v}");
+    // The origin's answer reached the client as its own: not made a refusal, and
+    // without the gateway's refusal headers.
+    assert_eq!((v["status"].as_u64(), v["grpcStatus"].as_str()), (Some(200), Some("0")), "{v}");
+    assert!(v["deny"].is_null() && v["proxyStatus"].is_null(), "{v}");
+    // An HTTP/2 CONNECT inside it is refused, not judged as a request for `/`.
+    assert_eq!((v["tunnel"].as_u64(), v["tunnelReason"].as_str()), (Some(400), Some("bad_request")), "{v}");
 }

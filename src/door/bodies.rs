@@ -79,6 +79,32 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counting<B> {
     }
 }
 
+/// Passes a body's data and drops its trailers: for a request whose head the policy
+/// judged, trailers would be header fields no rule saw (and no placeholder check).
+pub struct NoTrailers<B>(pub B);
+
+impl<B: Body<Data = Bytes> + Unpin> Body for NoTrailers<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        loop {
+            match std::task::ready!(Pin::new(&mut self.0).poll_frame(cx)) {
+                Some(Ok(f)) if f.is_trailers() => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
+    }
+}
+
 /// Fails a body that yields nothing for `idle` (an idle timeout, not a total one: a
 /// large pack may take as long as it needs while bytes flow). The clock starts when a
 /// poll first finds nothing ready, so a body that is always ready (a small response

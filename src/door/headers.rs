@@ -90,6 +90,16 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// Prepares an upstream response's head for the client: hop-by-hop headers go (as in
+/// `strip_hop_by_hop`), and so do the fields the gateway writes on its own refusals
+/// (`X-Egress-Deny-Reason`, `Proxy-Status`), so an upstream cannot pass its answer off
+/// as the gateway's (or have a gRPC call's answer rewritten as a refusal).
+pub fn strip_upstream_response(h: &mut HeaderMap, keep_upgrade: bool) {
+    strip_hop_by_hop(h, keep_upgrade);
+    h.remove(super::respond::DENY_REASON_HEADER);
+    h.remove(super::respond::PROXY_STATUS);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +156,15 @@ mod tests {
         strip_hop_by_hop(&mut h, true);
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["connection"], "upgrade");
+    }
+
+    #[test]
+    fn an_upstream_cannot_speak_as_the_gateway() {
+        let mut h = HeaderMap::new();
+        h.insert("x-egress-deny-reason", HeaderValue::from_static("host_not_allowed"));
+        h.insert("proxy-status", HeaderValue::from_static("egress-gateway; error=destination_not_found"));
+        h.insert("content-type", HeaderValue::from_static("application/grpc"));
+        strip_upstream_response(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
     }
 }

@@ -388,10 +388,8 @@ where
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into);
         let Poll::Ready(Some(Ok(frame))) = polled else { return polled };
-        let (Some(data), Some(meter)) = (frame.data_ref(), self.hold.meter()) else {
-            return Poll::Ready(Some(Ok(frame)));
-        };
-        match meter.add(self.dir, data.len() as u64) {
+        let Some(meter) = self.hold.meter() else { return Poll::Ready(Some(Ok(frame))) };
+        match meter.add(self.dir, frame_bytes(&frame)) {
             crate::budget::Flow::Go => Poll::Ready(Some(Ok(frame))),
             crate::budget::Flow::Stop => Poll::Ready(Some(Err(self.spent()))),
             crate::budget::Flow::Wait => {
@@ -410,6 +408,15 @@ where
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// What a frame costs against a byte budget: a data frame its bytes, a trailers frame
+/// its fields as a head counts them (trailers can carry as much as a body).
+fn frame_bytes(frame: &http_body::Frame<bytes::Bytes>) -> u64 {
+    if let Some(data) = frame.data_ref() {
+        return data.len() as u64;
+    }
+    frame.trailers_ref().map_or(0, |t| t.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>() as u64 + 2)
 }
 
 #[cfg(test)]
@@ -453,5 +460,15 @@ mod tests {
         assert_eq!(r.len(), 2, "dropping it removed no one else's entry");
         drop((b, c));
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn trailers_cost_their_fields_against_a_byte_budget() {
+        let data = http_body::Frame::data(bytes::Bytes::from_static(b"12345"));
+        assert_eq!(frame_bytes(&data), 5);
+        let mut t = http::HeaderMap::new();
+        t.insert("x-big", http::HeaderValue::from_str(&"v".repeat(1000)).unwrap());
+        // "x-big: " + value + CRLF, then the blank line that ends them.
+        assert_eq!(frame_bytes(&http_body::Frame::trailers(t)), 5 + 1000 + 4 + 2);
     }
 }

@@ -26,7 +26,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, drain};
-use crate::door::headers::strip_hop_by_hop;
+use crate::door::headers::strip_upstream_response;
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, record, respond};
@@ -218,7 +218,7 @@ pub async fn handle(
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers, false);
+    strip_upstream_response(&mut parts.headers, false);
     for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
     }

@@ -18,8 +18,10 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::Target;
 use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
-use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
-use crate::door::headers::{is_upgrade, is_websocket_upgrade, strip_hop_by_hop, unjudged_framing};
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, NoTrailers, charge_head, request_line_len};
+use crate::door::headers::{
+    is_upgrade, is_websocket_upgrade, strip_hop_by_hop, strip_upstream_response, unjudged_framing,
+};
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
@@ -54,6 +56,12 @@ pub async fn handle(
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };
 
+    if req.method() == http::Method::CONNECT {
+        // A tunnel inside a tunnel would carry bytes no request rule sees.
+        let hint = "CONNECT inside an inspected connection is not supported; open a new CONNECT to the proxy";
+        drain_rest(Some(req.into_body()), door).await;
+        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+    }
     let line = request_line_len(&req);
     let wants_upgrade = is_upgrade(req.headers());
     // A client that spoke HTTP/2 is answered over HTTP/2 from the upstream where it
@@ -206,7 +214,8 @@ pub async fn handle(
     let idle = door.config.proxy.tunnel_idle_timeout;
     let body: ProxyBody = match (buffered, body) {
         (Some(b), _) => Full::new(b).map_err(|never| match never {}).boxed_unsync(),
-        (None, Some(b)) => b.map_err(Into::into).boxed_unsync(),
+        // Request trailers are dropped: no request rule or placeholder check sees them.
+        (None, Some(b)) => NoTrailers(b).map_err(Into::into).boxed_unsync(),
         (None, None) => respond::empty(),
     };
     let mut body: ProxyBody =
@@ -282,7 +291,7 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::UpstreamEncoding, None, detail, Entry::Absolute);
     }
     let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers, false);
+    strip_upstream_response(&mut parts.headers, false);
     let mut body: ProxyBody = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down).boxed_unsync();
     if swapped.any() {
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
