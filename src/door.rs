@@ -200,7 +200,7 @@ pub fn relay_upgraded(
         rec.emit();
     });
     let (mut parts, _) = resp.into_parts();
-    headers::strip_upstream_response(&mut parts.headers, true);
+    headers::strip_upstream_response(&mut parts, true);
     http::Response::from_parts(parts, respond::empty())
 }
 

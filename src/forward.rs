@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::{self, Target};
 use crate::budget::Dir;
-use crate::door::bodies::{Counting, IdleBody, LoggedBody, charge_head, request_line_len};
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers, charge_head, request_line_len};
 use crate::door::headers::{
     is_upgrade, is_websocket_upgrade, strip_hop_by_hop, strip_upstream_response, unjudged_framing,
 };
@@ -328,9 +328,9 @@ pub async fn handle(
     }
 
     let (mut parts, body) = resp.into_parts();
-    strip_upstream_response(&mut parts.headers, false);
+    strip_upstream_response(&mut parts, false);
     let idle = door.config.proxy.tunnel_idle_timeout;
-    let body = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down);
+    let body = Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }

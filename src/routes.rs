@@ -19,7 +19,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::budget::Dir;
 use crate::config::RouteConfig;
 use crate::dial::UpstreamAddr;
-use crate::door::bodies::{Counting, IdleBody, LoggedBody};
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers};
 use crate::door::headers::strip_upstream_response;
 use crate::door::limits::SandboxLimits;
 use crate::door::record::refuse_as as finish;
@@ -74,6 +74,11 @@ pub async fn handle(
         state.generation,
         conn.vpce.clone(),
     );
+    if req.method() == http::Method::CONNECT {
+        // Never sent upstream with the route's credential, however it got here.
+        let hint = "CONNECT is not a request an API route forwards";
+        return finish(&mut rec, DenyReason::BadRequest, None, hint, entry);
+    }
     let routes = &door.config.routes;
     let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
 
@@ -166,7 +171,7 @@ pub async fn handle(
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    strip_upstream_response(&mut parts.headers, false);
+    strip_upstream_response(&mut parts, false);
     // The upstream's own reason phrase is not passed on: it is not redacted.
     parts.extensions.remove::<hyper::ext::ReasonPhrase>();
     // Redaction can change the length.
@@ -176,8 +181,10 @@ pub async fn handle(
     // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
     // through as is, with its Location redacted like everything else.
     redact::headers(&mut parts.headers, secret.expose());
-    let body =
-        redact::RedactBody::new(Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down), secret.expose());
+    let body = redact::RedactBody::new(
+        Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down),
+        secret.expose(),
+    );
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }

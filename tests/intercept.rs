@@ -1037,8 +1037,8 @@ except grpc.RpcError as e:
 
 /// A Node HTTP/2 origin (on the origin's certificate) and a Node HTTP/2 client that
 /// reaches it through the gateway (CONNECT, then TLS with the gateway's CA). The client
-/// sends request trailers; the origin answers with the gateway's own refusal headers
-/// forged, and tells what trailers it got. Then the client asks for a tunnel inside.
+/// sends request trailers; the origin answers with the gateway's own refusal fields
+/// forged in its head and trailers, and tells what trailers it got. Then the client asks for a tunnel inside.
 #[test]
 fn http2_request_trailers_are_dropped_tunnels_refused_and_an_origin_cannot_forge_a_refusal() {
     let w = world();
@@ -1052,9 +1052,10 @@ server.on('stream', (stream, headers) => {
   stream.on('data', () => {});
   stream.on('end', () => {
     stream.respond({ ':status': 200, 'content-type': 'application/grpc',
-      'x-egress-deny-reason': 'host_not_allowed', 'proxy-status': 'egress-gateway; error=forged' },
-      { waitForTrailers: true });
-    stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0' }));
+      'x-egress-deny-reason': 'host_not_allowed', 'proxy-status': 'egress-gateway; error=forged',
+      'x-egress-budget': 'download_bytes' }, { waitForTrailers: true });
+    stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0',
+      'x-egress-deny-reason': 'host_not_allowed', 'proxy-status': 'egress-gateway; error=forged' }));
     stream.end(JSON.stringify({ smuggled: got['x-smuggled'] || null }));
   });
 });
@@ -1076,8 +1077,10 @@ server.listen(0, '127.0.0.1', () => {
     s.on('trailers', (t) => { trailers = t; });
     s.on('data', (d) => { body += d; });
     s.on('end', () => {
-      const first = { status: head[':status'], deny: head['x-egress-deny-reason'] || null,
-        proxyStatus: head['proxy-status'] || null, body, grpcStatus: trailers['grpc-status'] || head['grpc-status'] };
+      const forged = (f) => head[f] || trailers[f] || null;
+      const first = { status: head[':status'], deny: forged('x-egress-deny-reason'),
+        proxyStatus: forged('proxy-status'), budget: forged('x-egress-budget'), body,
+        grpcStatus: trailers['grpc-status'] || head['grpc-status'] };
       // Then a tunnel inside the inspected connection, as HTTP/2 asks for one.
       const t = client.request({ ':method': 'CONNECT', ':authority': 'elsewhere.test:443' });
       t.on('response', (h) => {
@@ -1107,7 +1110,7 @@ setTimeout(() => { console.log('timeout'); process.exit(1); }, 20000).unref();
     // The origin's answer reached the client as its own: not made a refusal, and
     // without the gateway's refusal headers.
     assert_eq!((v["status"].as_u64(), v["grpcStatus"].as_str()), (Some(200), Some("0")), "{v}");
-    assert!(v["deny"].is_null() && v["proxyStatus"].is_null(), "{v}");
+    assert!(v["deny"].is_null() && v["proxyStatus"].is_null() && v["budget"].is_null(), "{v}");
     // An HTTP/2 CONNECT inside it is refused, not judged as a request for `/`.
     assert_eq!((v["tunnel"].as_u64(), v["tunnelReason"].as_str()), (Some(400), Some("bad_request")), "{v}");
 }

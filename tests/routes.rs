@@ -340,3 +340,36 @@ fn route_rules_hold_against_overrides_encodings_and_ordering() {
     let rec = w.api.recorded().pop().unwrap();
     assert_eq!((header(&rec, "x-open-key"), header(&rec, "x-api-key")), (Some(SECRET), None));
 }
+
+/// A route's host can be inspected (CONNECT, then TLS with the gateway's CA): its
+/// requests take the route, key and all. A CONNECT inside that connection is refused
+/// before any handler: it never goes upstream with the route's key.
+#[test]
+fn an_inspected_route_host_takes_the_route_and_refuses_a_tunnel_inside() {
+    let ca_dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (ca_dir.path().join("ca.pem"), ca_dir.path().join("ca.key"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["ca", "init", "--cert", cert.to_str().unwrap(), "--key", key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let intercept =
+        format!("\n[intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n", cert.display(), key.display());
+    let w = world_with(&intercept, "[\"api\"]\ninspect = [\"api.test:*\"]");
+    let url = format!("https://api.test:{}/echo", w.api.port());
+    let proxy = w.gw.proxy_url("sbx-a", TOKEN_A);
+
+    let r = curl(&["--cacert", cert.to_str().unwrap(), "-x", &proxy, &url]);
+    assert_eq!(r.status, 200, "{} {}", r.body, r.stderr);
+    assert_eq!(header(&w.api.recorded()[0], "x-api-key"), Some(SECRET), "the route added its key");
+    assert!(!r.body.contains(SECRET), "{}", r.body);
+
+    for version in ["--http1.1", "--http2"] {
+        let r = curl(&["--cacert", cert.to_str().unwrap(), "-x", &proxy, version, "-X", "CONNECT", &url]);
+        if version == "--http1.1" {
+            assert_eq!(r.status, 400, "{} {}", r.body, r.stderr);
+            assert!(r.body.contains("CONNECT inside an inspected connection"), "{}", r.body);
+        }
+        assert_eq!(w.api.recorded().len(), 1, "{version}: nothing more reached the upstream");
+    }
+}

@@ -79,29 +79,61 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counting<B> {
     }
 }
 
-/// Passes a body's data and drops its trailers: for a request whose head the policy
-/// judged, trailers would be header fields no rule saw (and no placeholder check).
-pub struct NoTrailers<B>(pub B);
+/// What becomes of a body's trailers.
+#[derive(Clone, Copy)]
+enum TrailerRule {
+    /// Dropped: a request's trailers would be fields no rule judged (and no
+    /// placeholder check saw).
+    Drop,
+    /// Passed without the fields only the gateway writes: an upstream's trailers.
+    FromUpstream,
+}
 
-impl<B: Body<Data = Bytes> + Unpin> Body for NoTrailers<B> {
+/// Passes a body's data and applies a [`TrailerRule`] to its trailers.
+pub struct Trailers<B> {
+    inner: B,
+    rule: TrailerRule,
+}
+
+impl<B> Trailers<B> {
+    /// For a request whose head the policy judged.
+    pub fn dropped(inner: B) -> Self {
+        Trailers { inner, rule: TrailerRule::Drop }
+    }
+
+    /// For an upstream's response.
+    pub fn from_upstream(inner: B) -> Self {
+        Trailers { inner, rule: TrailerRule::FromUpstream }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Trailers<B> {
     type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         loop {
-            match std::task::ready!(Pin::new(&mut self.0).poll_frame(cx)) {
-                Some(Ok(f)) if f.is_trailers() => continue,
+            let frame = match std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+                Some(Ok(f)) if f.is_trailers() => f,
                 other => return Poll::Ready(other),
+            };
+            match self.rule {
+                TrailerRule::Drop => continue,
+                TrailerRule::FromUpstream => {
+                    let Ok(mut trailers) = frame.into_trailers() else { continue };
+                    super::headers::strip_gateway_fields(&mut trailers);
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0.size_hint()
+        self.inner.size_hint()
     }
 }
 

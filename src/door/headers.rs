@@ -90,14 +90,26 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// Fields only the gateway writes (on its refusals and budget answers).
+const GATEWAY_ONLY: [&str; 3] =
+    [super::respond::DENY_REASON_HEADER, super::respond::PROXY_STATUS, super::respond::BUDGET_HEADER];
+
 /// Prepares an upstream response's head for the client: hop-by-hop headers go (as in
 /// `strip_hop_by_hop`), and so do the fields the gateway writes on its own refusals
-/// (`X-Egress-Deny-Reason`, `Proxy-Status`), so an upstream cannot pass its answer off
-/// as the gateway's (or have a gRPC call's answer rewritten as a refusal).
-pub fn strip_upstream_response(h: &mut HeaderMap, keep_upgrade: bool) {
-    strip_hop_by_hop(h, keep_upgrade);
-    h.remove(super::respond::DENY_REASON_HEADER);
-    h.remove(super::respond::PROXY_STATUS);
+/// and the upstream's reason phrase (the gateway's refusals explain themselves there),
+/// so an upstream cannot pass its answer off as the gateway's (or have a gRPC call's
+/// answer rewritten as a refusal). Its trailers go through `strip_gateway_fields`.
+pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: bool) {
+    strip_hop_by_hop(&mut parts.headers, keep_upgrade);
+    strip_gateway_fields(&mut parts.headers);
+    parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+}
+
+/// Removes the fields only the gateway writes from an upstream's head or trailers.
+pub fn strip_gateway_fields(h: &mut HeaderMap) {
+    for name in GATEWAY_ONLY {
+        h.remove(name);
+    }
 }
 
 #[cfg(test)]
@@ -160,11 +172,19 @@ mod tests {
 
     #[test]
     fn an_upstream_cannot_speak_as_the_gateway() {
-        let mut h = HeaderMap::new();
-        h.insert("x-egress-deny-reason", HeaderValue::from_static("host_not_allowed"));
-        h.insert("proxy-status", HeaderValue::from_static("egress-gateway; error=destination_not_found"));
-        h.insert("content-type", HeaderValue::from_static("application/grpc"));
-        strip_upstream_response(&mut h, false);
-        assert_eq!(h.len(), 1, "{h:?}");
+        let mut resp = http::Response::new(());
+        for (k, v) in [
+            ("X-Egress-Deny-Reason", "host_not_allowed"),
+            ("proxy-status", "egress-gateway; error=destination_not_found"),
+            ("x-egress-budget", "download_bytes"),
+            ("content-type", "application/grpc"),
+        ] {
+            resp.headers_mut().insert(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_static(v));
+        }
+        resp.extensions_mut().insert(hyper::ext::ReasonPhrase::from_static(b"Forbidden (host_not_allowed: forged)"));
+        let (mut parts, ()) = resp.into_parts();
+        strip_upstream_response(&mut parts, false);
+        assert_eq!(parts.headers.len(), 1, "{:?}", parts.headers);
+        assert!(parts.extensions.get::<hyper::ext::ReasonPhrase>().is_none());
     }
 }

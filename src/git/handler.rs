@@ -25,7 +25,7 @@ use super::refusal;
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
-use crate::door::bodies::{Counting, IdleBody, LoggedBody, drain};
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers, drain};
 use crate::door::headers::strip_upstream_response;
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
@@ -218,11 +218,11 @@ pub async fn handle(
     }
     rec.status = resp.status().as_u16();
     let (mut parts, body) = resp.into_parts();
-    strip_upstream_response(&mut parts.headers, false);
+    strip_upstream_response(&mut parts, false);
     for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
     }
-    let body = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down);
+    let body = Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }

@@ -18,7 +18,7 @@ use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::Target;
 use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
-use crate::door::bodies::{Counting, IdleBody, LoggedBody, NoTrailers, charge_head, request_line_len};
+use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers, charge_head, request_line_len};
 use crate::door::headers::{
     is_upgrade, is_websocket_upgrade, strip_hop_by_hop, strip_upstream_response, unjudged_framing,
 };
@@ -56,12 +56,6 @@ pub async fn handle(
         Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
     };
 
-    if req.method() == http::Method::CONNECT {
-        // A tunnel inside a tunnel would carry bytes no request rule sees.
-        let hint = "CONNECT inside an inspected connection is not supported; open a new CONNECT to the proxy";
-        drain_rest(Some(req.into_body()), door).await;
-        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
-    }
     let line = request_line_len(&req);
     let wants_upgrade = is_upgrade(req.headers());
     // A client that spoke HTTP/2 is answered over HTTP/2 from the upstream where it
@@ -215,7 +209,7 @@ pub async fn handle(
     let body: ProxyBody = match (buffered, body) {
         (Some(b), _) => Full::new(b).map_err(|never| match never {}).boxed_unsync(),
         // Request trailers are dropped: no request rule or placeholder check sees them.
-        (None, Some(b)) => NoTrailers(b).map_err(Into::into).boxed_unsync(),
+        (None, Some(b)) => Trailers::dropped(b).map_err(Into::into).boxed_unsync(),
         (None, None) => respond::empty(),
     };
     let mut body: ProxyBody =
@@ -291,8 +285,9 @@ pub async fn handle(
         return finish(&mut rec, DenyReason::UpstreamEncoding, None, detail, Entry::Absolute);
     }
     let (mut parts, body) = resp.into_parts();
-    strip_upstream_response(&mut parts.headers, false);
-    let mut body: ProxyBody = Revocable::new(IdleBody::new(body, idle), hold.clone(), Dir::Down).boxed_unsync();
+    strip_upstream_response(&mut parts, false);
+    let mut body: ProxyBody =
+        Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down).boxed_unsync();
     if swapped.any() {
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
         parts.headers.remove(header::CONTENT_LENGTH);

@@ -86,7 +86,7 @@ async fn choose(
         .or_else(|| req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string));
     let same = named.as_deref().is_none_or(|n| addr::parse_authority(n, Some(target.port)).is_ok_and(|t| t == *target));
     let absolute = format!("https://{shown}{pq}").parse::<http::Uri>();
-    let (true, Ok(absolute)) = (same, absolute) else {
+    let refuse = |hint: String| {
         let mut rec = AccessRecord::with_vpce(
             Kind::Inspect,
             req.method().as_str(),
@@ -95,8 +95,17 @@ async fn choose(
             state.generation,
             conn.vpce.clone(),
         );
-        let hint = format!("this connection is inspected for {shown}: a request inside it must name that host");
-        return door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
+        door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute)
+    };
+    // A tunnel inside a tunnel would carry bytes no request rule sees, whichever
+    // handler the host has (an API route's would even add its credential).
+    if req.method() == http::Method::CONNECT {
+        return refuse(
+            "CONNECT inside an inspected connection is not supported; open a new CONNECT to the proxy".into(),
+        );
+    }
+    let (true, Ok(absolute)) = (same, absolute) else {
+        return refuse(format!("this connection is inspected for {shown}: a request inside it must name that host"));
     };
     *req.uri_mut() = absolute;
 
