@@ -102,7 +102,12 @@ const GATEWAY_ONLY: [&str; 3] =
 pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: bool) {
     strip_hop_by_hop(&mut parts.headers, keep_upgrade);
     strip_gateway_fields(&mut parts.headers);
-    parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+    // The gateway refuses only with standard statuses: an upstream's own status
+    // without a standard phrase keeps its phrase (else the client would read
+    // `<none>`), and cannot be taken for a refusal.
+    if parts.status.canonical_reason().is_some() {
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+    }
 }
 
 /// Removes the fields only the gateway writes from an upstream's head or trailers.
@@ -186,5 +191,12 @@ mod tests {
         strip_upstream_response(&mut parts, false);
         assert_eq!(parts.headers.len(), 1, "{:?}", parts.headers);
         assert!(parts.extensions.get::<hyper::ext::ReasonPhrase>().is_none());
+
+        let mut resp = http::Response::new(());
+        *resp.status_mut() = http::StatusCode::from_u16(599).unwrap();
+        resp.extensions_mut().insert(hyper::ext::ReasonPhrase::from_static(b"Network Connect Timeout"));
+        let (mut parts, ()) = resp.into_parts();
+        strip_upstream_response(&mut parts, false);
+        assert!(parts.extensions.get::<hyper::ext::ReasonPhrase>().is_some(), "no standard phrase to fall back on");
     }
 }
