@@ -202,6 +202,15 @@ fn http_by_host_header_forwards_and_denies_like_the_proxy() {
         b"GET http://blocked.origin.test/x HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(support::raw::status(&reply), 400, "{reply}");
+    // Userinfo makes the decided name a user name and the host another: refused, and
+    // nothing reaches the origin.
+    let before = origin.recorded().len();
+    for line in ["http://origin.test:80@blocked.origin.test/x", "http://origin.test:@blocked.origin.test/x"] {
+        let head = format!("GET {line} HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n");
+        let reply = support::raw::exchange(listen, head.as_bytes());
+        assert_eq!(support::raw::status(&reply), 400, "{line}: {reply}");
+    }
+    assert_eq!(origin.recorded().len(), before);
     let reply =
         support::raw::exchange(listen, b"CONNECT blocked.origin.test:443 HTTP/1.1\r\nHost: origin.test\r\n\r\n");
     assert_eq!(support::raw::status(&reply), 400, "{reply}");

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Most sources tracked at once; beyond it idle buckets are evicted, and if none are
-/// idle new sources are limited (a spoofed-source flood cannot grow memory).
+/// idle the least recently seen half (a spoofed-source flood can neither grow memory
+/// nor lock out a source it has not seen).
 const MAX_SOURCES: usize = 65_536;
 
 #[derive(Debug, Clone, Copy)]
@@ -46,7 +47,12 @@ impl RateLimiter {
             let full_after = self.burst / self.rate;
             buckets.retain(|_, b| now.saturating_duration_since(b.last).as_secs_f64() < full_after);
             if buckets.len() >= MAX_SOURCES {
-                return false;
+                // Once per MAX_SOURCES / 2 new sources at most: linear, so constant
+                // per query.
+                let mut seen: Vec<Instant> = buckets.values().map(|b| b.last).collect();
+                let (_, cutoff, _) = seen.select_nth_unstable(MAX_SOURCES / 2);
+                let cutoff = *cutoff;
+                buckets.retain(|_, b| b.last > cutoff);
             }
         }
         let b = buckets.entry(src).or_insert(Bucket { tokens: self.burst, last: now });
@@ -120,6 +126,25 @@ mod tests {
         assert!(rl.allow(b, t0), "another source is unaffected");
         assert!(rl.allow(a, t0 + Duration::from_millis(150)), "refills at 10/s");
         assert!(RateLimiter::new(0, 0).allow(a, t0));
+    }
+
+    #[test]
+    fn a_full_table_still_admits_a_new_source() {
+        let rl = RateLimiter::new(1, 2);
+        let t0 = Instant::now();
+        // A flood from as many addresses as the table holds, none of them idle yet.
+        for i in 0..MAX_SOURCES as u32 {
+            let src = IpAddr::from(std::net::Ipv6Addr::from(u128::from(i) + 1));
+            assert!(rl.allow(src, t0 + Duration::from_micros(u64::from(i))));
+        }
+        let late = t0 + Duration::from_millis(100);
+        let newcomer: IpAddr = "127.200.0.2".parse().unwrap();
+        assert!(rl.allow(newcomer, late), "a source the flood did not use is answered");
+        let len = rl.buckets.lock().unwrap().len();
+        assert!(len <= MAX_SOURCES / 2 + 1, "the least recently seen half went: {len}");
+        // The newcomer keeps its own bucket: limited as before.
+        assert!(rl.allow(newcomer, late));
+        assert!(!rl.allow(newcomer, late));
     }
 
     #[test]

@@ -41,17 +41,7 @@ pub async fn read(
                         "CONNECT is for the proxy port, not a transparent listener".into(),
                     ));
                 }
-                let target = req.path.unwrap_or_default();
-                if let Some((_, rest)) = target.split_once("://") {
-                    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-                    let name =
-                        |a: &str| a.rsplit_once(':').map_or(a, |(h, _)| h).trim_end_matches('.').to_ascii_lowercase();
-                    if name(authority) != name(&host) {
-                        return Err(ReadError::Malformed(
-                            "the request line names another host than the Host header".into(),
-                        ));
-                    }
-                }
+                names_only(req.path.unwrap_or_default(), &host).map_err(|e| ReadError::Malformed(e.into()))?;
                 return Ok((method, host, buf));
             }
             Ok(httparse::Status::Partial) if buf.len() >= max_bytes => return Err(ReadError::TooLarge),
@@ -61,6 +51,52 @@ pub async fn read(
         }
         if buf.len() >= max_bytes {
             return Err(ReadError::TooLarge);
+        }
+    }
+}
+
+/// A first request's target must name no host but `host`: origin-form (`/...`), `*`,
+/// or an `http://` URL whose authority, parsed as strictly as a CONNECT target (no
+/// userinfo, no `%`), is the same host. Any other spelling could be read by the
+/// origin (or a proxy or CDN behind it) as another host than the one decided.
+fn names_only(target: &str, host: &str) -> Result<(), &'static str> {
+    if target.starts_with('/') || target == "*" {
+        return Ok(());
+    }
+    const OTHER: &str = "the request line names another host than the Host header";
+    let rest = target
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("http://"))
+        .and_then(|_| target.get(7..))
+        .ok_or("the request target is neither a path nor an http:// URL")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    match (crate::addr::parse_authority(authority, Some(80)), crate::addr::parse_authority(host, Some(80))) {
+        (Ok(named), Ok(decided)) if named.host == decided.host => Ok(()),
+        _ => Err(OTHER),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_only;
+
+    #[test]
+    fn the_request_line_names_only_the_decided_host() {
+        for ok in ["/x", "*", "http://origin.test/x", "HTTP://ORIGIN.test.:8080/x?y", "http://origin.test"] {
+            assert_eq!(names_only(ok, "origin.test"), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://origin.test:80@evil.test/x",
+            "http://origin.test:@evil.test/x",
+            "http://evil.test@origin.test/x",
+            "http://evil.test/x",
+            "http://origin.test%2eevil.test/",
+            "https://origin.test/x",
+            "origin.test/x",
+            "http:/origin.test/x",
+            "http://",
+        ] {
+            assert!(names_only(bad, "origin.test").is_err(), "{bad}");
         }
     }
 }
