@@ -4,8 +4,9 @@
 //! Keys are looked up by the header's `kid`; each key fixes its algorithm (HS256 or
 //! EdDSA), so a token cannot choose a weaker one and `alg: none` never verifies. Claims:
 //! `sub` (sandbox id, must equal the Basic user), `pol` (policy name), `exp`
-//! (required), `iat`, `nbf`, `jti`, and optional `repos` that narrow the policy's git
-//! repositories. `exp - iat` may not exceed `tokens.max_ttl`. A revocation list of
+//! (required), `iat` or `nbf` (one required), `jti`, and optional `repos` that narrow
+//! the policy's git repositories. `exp - iat` (else `exp - nbf`) may not exceed
+//! `tokens.max_ttl`. A revocation list of
 //! sandbox ids and `jti`s is reloaded with the policies.
 //!
 //! A token whose signature verified is remembered, by the SHA-256 of the token, for
@@ -224,7 +225,11 @@ impl Verifier {
         if c.nbf.is_some_and(|nbf| nbf > now.saturating_add(leeway)) {
             return Err(TokenError::NotYetValid);
         }
-        let issued = c.iat.unwrap_or(now);
+        // The lifetime is counted from `iat` (or `nbf`): a token with neither could be
+        // signed for years and pass in its last `max_ttl`.
+        let issued = c.iat.or(c.nbf).ok_or_else(|| {
+            TokenError::Claims("iat (or nbf) is required: a token's lifetime is held to tokens.max_ttl".into())
+        })?;
         if issued > now.saturating_add(leeway) {
             return Err(TokenError::NotYetValid);
         }
@@ -313,6 +318,15 @@ mod tests {
         assert_eq!(v.verify(&v.mint("k1", &c).unwrap(), "sbx-1", t0), Err(TokenError::Revoked));
         let future = v.mint("k1", &claims("sbx-1", t0 + 600, t0 + 900)).unwrap();
         assert_eq!(v.verify(&future, "sbx-1", t0), Err(TokenError::NotYetValid));
+        // Without iat or nbf a lifetime cannot be held to max_ttl: refused, even in
+        // what would be its last hour.
+        let mut ageless = claims("sbx-1", t0, t0 + 600);
+        ageless.iat = None;
+        let ageless = v.mint("k1", &ageless).unwrap();
+        assert!(matches!(v.verify(&ageless, "sbx-1", t0), Err(TokenError::Claims(_))));
+        let mut from_nbf = claims("sbx-1", t0, t0 + 600);
+        (from_nbf.iat, from_nbf.nbf) = (None, Some(t0));
+        assert!(v.verify(&v.mint("k1", &from_nbf).unwrap(), "sbx-1", t0).is_ok());
         // A subject that reads as a label (peer rules match ids and labels) is refused.
         let label_like = v.mint("k1", &claims("team-a/runner", t0, t0 + 60)).unwrap();
         assert!(matches!(v.verify(&label_like, "team-a/runner", t0), Err(TokenError::Claims(_))));

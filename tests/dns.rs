@@ -292,3 +292,40 @@ fn one_source_cannot_hold_every_tcp_slot() {
     assert_eq!(ips(&r), vec!["127.0.0.1"]);
     drop(held);
 }
+
+/// A client that pipelines queries and never reads the answers fills the socket
+/// buffers; the gateway's write then waits, and must not wait past the idle timeout
+/// with the connection's slot held.
+#[test]
+fn a_client_that_never_reads_loses_its_tcp_slot() {
+    use std::io::{Read, Write};
+    let (_gw, dns) = gateway("tcp_max_connections = 1\ntcp_idle_timeout = \"1s\"\nrate_limit_qps = 0\n");
+    let q = query("gateway.sandbox.internal.", RecordType::A, None).to_vec().unwrap();
+    let mut framed = Vec::new();
+    for _ in 0..256 {
+        framed.extend_from_slice(&(q.len() as u16).to_be_bytes());
+        framed.extend_from_slice(&q);
+    }
+    // A small receive window, so the answers back up after a few hundred KiB.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&dns.into()).unwrap();
+    let mut hog: std::net::TcpStream = sock.into();
+    hog.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+    // Send until the gateway stops reading (its answers are stuck) or closes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline && hog.write_all(&framed).is_ok() {}
+    // The one slot is free again within a few idle periods: another client is served.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = std::net::TcpStream::connect(dns).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let _ = s.write_all(&framed[..2 + q.len()]);
+        let mut len = [0u8; 2];
+        if s.read_exact(&mut len).is_ok() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the slot stayed held by a client that never reads");
+    }
+    drop(hog);
+}

@@ -245,7 +245,8 @@ async fn serve_tcp(
     }
 }
 
-/// Serves length-prefixed messages on one connection until it closes, errs, or idles.
+/// Serves length-prefixed messages on one connection until it closes, errs, or idles
+/// (reading a message, or writing answers the client does not read).
 /// Reads are buffered and answers to pipelined queries are written together, once no
 /// further query is already buffered: one read and one write per burst, not per query.
 async fn tcp_connection(stream: TcpStream, peer: SocketAddr, handler: &Handler, idle: Duration) {
@@ -268,11 +269,13 @@ async fn tcp_connection(stream: TcpStream, peer: SocketAddr, handler: &Handler, 
         out.extend_from_slice(&reply_len.to_be_bytes());
         out.extend_from_slice(&reply);
         if r.buffer().is_empty() || out.len() >= 16 * 1024 {
-            if w.write_all(&out).await.is_err() {
+            // A client that sends but never reads must not hold its slot: a write
+            // that cannot finish within the idle timeout ends the connection.
+            if !matches!(tokio::time::timeout(idle, w.write_all(&out)).await, Ok(Ok(()))) {
                 return;
             }
             out.clear();
         }
     }
-    let _ = w.write_all(&out).await;
+    let _ = tokio::time::timeout(idle, w.write_all(&out)).await;
 }

@@ -67,8 +67,7 @@ impl CommandReader {
     pub fn advance(&mut self, buf: &[u8]) -> Result<Option<usize>, PktError> {
         loop {
             let Some(len_hex) = buf.get(self.pos..self.pos + 4) else { return Ok(None) };
-            let len_str = std::str::from_utf8(len_hex).map_err(|_| PktError::Malformed)?;
-            let len = usize::from_str_radix(len_str, 16).map_err(|_| PktError::Malformed)?;
+            let len = hex4(len_hex)?;
             if len == 0 {
                 return Ok(Some(self.pos + 4));
             }
@@ -112,6 +111,15 @@ impl CommandReader {
     }
 }
 
+/// A pkt-line length: exactly four hex digits, as git reads it (`from_str_radix`
+/// would also take a sign: `+000` is not a flush to git).
+fn hex4(digits: &[u8]) -> Result<usize, PktError> {
+    digits.iter().try_fold(0usize, |n, &b| {
+        let d = (b as char).to_digit(16).ok_or(PktError::Malformed)?;
+        Ok(n * 16 + d as usize)
+    })
+}
+
 fn parse_update(line: &str) -> Result<RefUpdate, PktError> {
     let mut it = line.splitn(3, ' ');
     let (Some(old), Some(new), Some(refname)) = (it.next(), it.next(), it.next()) else {
@@ -132,6 +140,15 @@ pub fn pkt(payload: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_are_four_hex_digits_and_nothing_else() {
+        assert_eq!(hex4(b"00aF"), Ok(0xaf));
+        for bad in [&b"+000"[..], b"-001", b" 0a0", b"0x10", b"00g0"] {
+            assert_eq!(hex4(bad), Err(PktError::Malformed), "{bad:?}");
+            assert_eq!(CommandReader::default().advance(bad), Err(PktError::Malformed));
+        }
+    }
 
     #[test]
     fn parses_commands_and_finds_the_pack() {

@@ -147,7 +147,10 @@ pub fn parse_v2(buf: &[u8]) -> Result<(Header, usize), ProxyHeaderError> {
             if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
                 return Err(ProxyHeaderError::BadV2);
             }
-            header.vpce = Some(id.to_string());
+            // Two ids would leave the binding to whichever came last: refused.
+            if header.vpce.replace(id.to_string()).is_some() {
+                return Err(ProxyHeaderError::BadV2);
+            }
         }
     }
     Ok((header, total))
@@ -294,6 +297,19 @@ mod tests {
         truncated_tlv[15] += 2;
         truncated_tlv.extend_from_slice(&[0xEA, 0x00]);
         assert_eq!(parse_v2(&truncated_tlv), Err(ProxyHeaderError::BadV2));
+    }
+
+    #[test]
+    fn v2_with_two_vpce_ids_is_refused() {
+        let src: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let dst: SocketAddr = "127.0.0.1:4002".parse().unwrap();
+        let mut bytes = encode_v2(src, dst, Some("vpce-aaaa"));
+        // The same TLV again, and the header's length grown to hold it.
+        let tlv = [&[TLV_AWS, 0, 10, AWS_VPCE_ID][..], b"vpce-bbbb"].concat();
+        bytes.extend_from_slice(&tlv);
+        let len = u16::from_be_bytes([bytes[14], bytes[15]]) + tlv.len() as u16;
+        bytes[14..16].copy_from_slice(&len.to_be_bytes());
+        assert!(parse_v2(&bytes).is_err());
     }
 
     #[test]
