@@ -20,9 +20,12 @@ use tokio_util::sync::CancellationToken;
 use crate::policy::budget::{BudgetSpec, HostBudget, Limits};
 use ledger::{Ledger, Mode, What, Window};
 
-/// Bytes a tunnel moves before it reports them: the most a tunnel overshoots a byte
-/// budget by, and one ledger lock per this many bytes.
+/// Bytes a tunnel moves before it reports them, at most: one ledger lock per this
+/// many bytes. A meter under a smaller budget reports every `limit / BATCH_SHARE`
+/// bytes, so what its sandbox's parallel transfers hold unreported stays a small share
+/// of the budget (each overshoots it by at most one batch and the chunk in flight).
 pub const BATCH: u64 = 64 * 1024;
+const BATCH_SHARE: u64 = 1024;
 
 use crate::metrics::{BUDGET_EXHAUSTED, LIMIT_STORE_UP as STORE_UP};
 
@@ -281,10 +284,14 @@ impl Budgets {
                 _ => down.push((what, limit)),
             }
         }
+        let batch = |list: &[(What, u64)]| {
+            list.iter().map(|(_, limit)| limit / BATCH_SHARE).min().unwrap_or(BATCH).clamp(1, BATCH)
+        };
         Ok(Some(Arc::new(Meter {
             budgets: self.clone(),
             sandbox,
             window_secs: window.secs,
+            batch: [batch(&up), batch(&down)],
             lists: [up, down],
             unreported: [AtomicU64::new(0), AtomicU64::new(0)],
             exhausted: CancellationToken::new(),
@@ -415,6 +422,8 @@ pub struct Meter {
     window_secs: u64,
     /// Per direction: the counters and their limits.
     lists: [Vec<(What, u64)>; 2],
+    /// Per direction: bytes moved before they are reported.
+    batch: [u64; 2],
     unreported: [AtomicU64; 2],
     exhausted: CancellationToken,
     why: OnceLock<Exhausted>,
@@ -438,7 +447,7 @@ impl Meter {
             return Flow::Go;
         }
         let slot = &self.unreported[dir as usize];
-        if slot.fetch_add(n, Ordering::Relaxed) + n < BATCH {
+        if slot.fetch_add(n, Ordering::Relaxed) + n < self.batch[dir as usize] {
             return if self.exhausted.is_cancelled() { Flow::Stop } else { Flow::Go };
         }
         let n = slot.swap(0, Ordering::Relaxed);
@@ -593,12 +602,33 @@ mod tests {
     #[test]
     fn small_amounts_are_reported_when_the_meter_finishes() {
         let b = Budgets::local();
-        let s = spec(Limits { upload_bytes: Some(100), ..Limits::default() }, None, Vec::new());
+        let s = spec(Limits { upload_bytes: Some(1 << 30), ..Limits::default() }, None, Vec::new());
         let m = b.admit(ask(&s, "x.example")).unwrap().unwrap();
         assert_eq!(m.add(Dir::Up, 99), Flow::Go, "below one batch: not reported yet");
         drop(m);
         let used = b.ledger().peek("sb", &What::Upload, Window::at(3600, unix_now())).unwrap().used();
         assert_eq!(used, 99);
+    }
+
+    #[test]
+    fn parallel_meters_overshoot_a_small_budget_by_a_small_share() {
+        // 30 transfers in parallel under 256 KiB, each moving 8 KiB chunks until told
+        // to stop: what they move together stays near the budget (it was 30 batches
+        // of 64 KiB, nearly 2 MiB, before a meter's batch scaled with its budget).
+        let b = Budgets::local();
+        let limit = 256 * 1024;
+        let s = spec(Limits { download_bytes: Some(limit), ..Limits::default() }, None, Vec::new());
+        let meters: Vec<_> = (0..30).map(|_| b.admit(ask(&s, "x.example")).unwrap().unwrap()).collect();
+        let mut moved = 0;
+        for _ in 0..64 {
+            for m in &meters {
+                if m.add(Dir::Down, 8 * 1024) != Flow::Stop {
+                    moved += 8 * 1024;
+                }
+            }
+        }
+        assert!(moved <= limit + 30 * (limit / BATCH_SHARE), "{moved} of {limit}");
+        assert!(moved >= limit - 8 * 1024, "the budget itself is usable: {moved}");
     }
 
     #[test]

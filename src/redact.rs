@@ -46,6 +46,35 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
     }
 }
 
+/// The spellings of `secret` an upstream may echo besides the raw one: JSON's `\/`
+/// for `/`, and percent-encoding (upper- and lower-case hex) of every byte but the
+/// unreserved ones. Each is redacted like the raw value. Re-encodings beyond these
+/// (case changes, `\uXXXX`) are not recognised.
+pub fn echo_forms(secret: &str) -> Vec<String> {
+    let mut forms = vec![secret.to_string()];
+    let mut add = |f: String| {
+        if !forms.contains(&f) {
+            forms.push(f);
+        }
+    };
+    if secret.contains('/') {
+        add(secret.replace('/', "\\/"));
+    }
+    let (mut upper, mut lower) = (String::new(), String::new());
+    for b in secret.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            upper.push(b as char);
+            lower.push(b as char);
+        } else {
+            upper.push_str(&format!("%{b:02X}"));
+            lower.push_str(&format!("%{b:02x}"));
+        }
+    }
+    add(upper);
+    add(lower);
+    forms
+}
+
 /// True when a response carries a content coding other than identity, or a transfer
 /// coding other than chunked (which hyper decodes): its bytes cannot be redacted as
 /// they stream. The value itself is never quoted: the upstream chose it, and it could
@@ -227,6 +256,12 @@ mod tests {
         joined.extend_from_slice(b"ret-123!");
         let (out, tail) = scrub(&joined, s);
         assert_eq!((out.as_slice(), tail.len()), (&b"[REDACTED]!"[..], 0));
+    }
+
+    #[test]
+    fn echo_forms_cover_json_and_percent_escapes() {
+        assert_eq!(echo_forms("sk-plain_123"), vec!["sk-plain_123"]);
+        assert_eq!(echo_forms("sk/a+b="), vec!["sk/a+b=", "sk\\/a+b=", "sk%2Fa%2Bb%3D", "sk%2fa%2bb%3d"]);
     }
 
     #[test]

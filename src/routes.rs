@@ -180,11 +180,16 @@ pub async fn handle(
     }
     // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
     // through as is, with its Location redacted like everything else.
-    redact::headers(&mut parts.headers, secret.expose());
-    let body = redact::RedactBody::new(
-        Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down),
-        secret.expose(),
-    );
+    // The key as sent, and as an upstream may echo it escaped (JSON, a URL).
+    let forms = redact::echo_forms(secret.expose());
+    for form in &forms {
+        redact::headers(&mut parts.headers, form);
+    }
+    let mut body: ProxyBody =
+        Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down).boxed_unsync();
+    for form in &forms {
+        body = redact::RedactBody::new(body, form).boxed_unsync();
+    }
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }
@@ -219,7 +224,13 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
         "upgrade",
     ];
     for (k, v) in from {
-        if drop.contains(&k.as_str()) || k == route.header {
+        // CGI and WSGI backends read `x_api_key` as `x-api-key`: judged as that.
+        let name = if k.as_str().contains('_') {
+            std::borrow::Cow::Owned(k.as_str().replace('_', "-"))
+        } else {
+            std::borrow::Cow::Borrowed(k.as_str())
+        };
+        if drop.contains(&name.as_ref()) || name == route.header.as_str() {
             continue;
         }
         to.append(k.clone(), v.clone());

@@ -373,3 +373,34 @@ fn an_inspected_route_host_takes_the_route_and_refuses_a_tunnel_inside() {
         assert_eq!(w.api.recorded().len(), 1, "{version}: nothing more reached the upstream");
     }
 }
+
+/// An upstream may echo the key escaped: JSON's `\/`, or percent-encoded in a URL it
+/// builds. Those spellings are redacted too; and a header named like the injected one
+/// with `_` for `-` (which CGI backends read as the same) stays behind.
+#[test]
+fn escaped_echoes_of_the_key_are_redacted_and_underscore_names_stripped() {
+    let key = "sk-live-AbC/def+ghi=0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("api2.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let extra = format!(
+        "\n[[routes]]\nname = \"api2\"\nupstream = \"https://api.test:{{PORT}}\"\ninject = {{ header = \"x-api-key\", secret_file = \"{}\" }}\n",
+        key_file.display()
+    );
+    let w = world_with(&extra, "[\"api\", \"api2\"]");
+    let resp = raw::exchange(
+        w.gw.addr,
+        format!(
+            "GET /routes/api2/escaped-echo HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\nx_api_key: forged-by-client\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    let rec = &w.api.recorded()[0];
+    assert_eq!(header(rec, "x-api-key"), Some(key), "the route's key went upstream");
+    assert!(!format!("{:?}", rec.headers).contains("forged-by-client"), "{:?}", rec.headers);
+    for leaked in ["AbC/def", "AbC\\/def", "AbC%2Fdef", "AbC%2fdef"] {
+        assert!(!resp.contains(leaked), "{leaked}: {resp}");
+    }
+    assert_eq!(resp.matches("[REDACTED]").count(), 3, "header, JSON and URL echoes: {resp}");
+}

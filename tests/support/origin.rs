@@ -246,6 +246,23 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         }
         return resp;
     }
+    if path == "/escaped-echo" {
+        // Echoes the API key as JSON may (`/` as `\/`) and percent-encoded, in a
+        // header and in the body.
+        let key = headers.iter().find(|(k, _)| k == "x-api-key").map(|(_, v)| v.clone()).unwrap_or_default();
+        let escape = |upper: bool| -> String {
+            key.bytes()
+                .map(|b| match b {
+                    b if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => (b as char).to_string(),
+                    b if upper => format!("%{b:02X}"),
+                    b => format!("%{b:02x}"),
+                })
+                .collect()
+        };
+        let (pct, lower) = (escape(true), escape(false));
+        let body = format!("{{\"key\":\"{}\",\"next\":\"/p?k={lower}\"}}", key.replace('/', "\\/"));
+        return Response::builder().header("x-enc", pct).body(full(body)).expect("response");
+    }
     if path == "/gzip-always" || path == "/gzip-if-asked" {
         // The request's headers as JSON, gzip-compressed (by the gzip program) always, or
         // only when the client accepts gzip.
