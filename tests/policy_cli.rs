@@ -160,6 +160,24 @@ fn check_git_token_and_resolve() {
     assert_eq!(v["addresses"][0]["denied_by"], "169.254.0.0/16");
 }
 
+/// Under `allow_all` an IP literal is allowed by the policy, and refused by
+/// `egress.deny` when served: `check` says so without `--resolve` (nothing to look up).
+#[test]
+fn check_vets_ip_literals_as_serving_does() {
+    let policy = format!(
+        "{POLICY}\n[policies.open]\nallow_all = true\n\n[[sandboxes]]\nid = \"sbx-open\"\ntoken_sha256 = \"@HASH@\"\npolicy = \"open\"\n"
+    );
+    let (_d, cfg) = setup(&policy, "");
+    for target in ["169.254.169.254:80", "10.0.0.1:443", "[fe80::1]:80", "127.0.0.1:9090"] {
+        let (code, out, _) = text(&bin(&["check", "--config", s(&cfg), "--sandbox", "sbx-open", target, "--json"]));
+        assert_eq!(code, 1, "{target}: {out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["reason"], "address_denied", "{target}: {out}");
+    }
+    let (code, out, _) = text(&bin(&["check", "--config", s(&cfg), "--sandbox", "sbx-open", "151.101.0.223:443"]));
+    assert_eq!(code, 0, "a public address is allowed: {out}");
+}
+
 #[test]
 fn policy_test_files() {
     let (d, cfg) = setup(POLICY, "");

@@ -69,6 +69,20 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
             _ => {}
         }
         addresses = Some(verdicts);
+    } else if let Some(target) = subject.target()
+        && let crate::addr::Host::Ip(ip) = target.host
+    {
+        // An IP literal needs no lookup: vetted as serving vets it, `--resolve` or not.
+        let verdict = match cfg.egress.filter.vet(ip) {
+            Ok(c) => AddressVerdict { address: c.to_string(), allowed: true, denied_by: None },
+            Err(d) => {
+                AddressVerdict { address: d.addr.to_string(), allowed: false, denied_by: Some(d.net.to_string()) }
+            }
+        };
+        if answer.permits() && !verdict.allowed {
+            deny(&mut answer, DenyReason::AddressDenied, "the address is in egress.deny".into());
+        }
+        addresses = Some(Ok(vec![verdict]));
     }
 
     if args.json {
