@@ -60,19 +60,25 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
     if secret.contains('/') {
         add(secret.replace('/', "\\/"));
     }
-    let (mut upper, mut lower) = (String::new(), String::new());
-    for b in secret.bytes() {
+    add(percent_escape(secret, true));
+    add(percent_escape(secret, false));
+    forms
+}
+
+/// Percent-encodes every byte of `s` but the unreserved ones (RFC 3986), in upper- or
+/// lower-case hex.
+pub fn percent_escape(s: &str, upper: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            upper.push(b as char);
-            lower.push(b as char);
+            out.push(b as char);
+        } else if upper {
+            out.push_str(&format!("%{b:02X}"));
         } else {
-            upper.push_str(&format!("%{b:02X}"));
-            lower.push_str(&format!("%{b:02x}"));
+            out.push_str(&format!("%{b:02x}"));
         }
     }
-    add(upper);
-    add(lower);
-    forms
+    out
 }
 
 /// True when a response carries a content coding other than identity, or a transfer

@@ -25,8 +25,7 @@ pub fn charge_head(
     headers: &http::HeaderMap,
 ) -> Result<(), super::Refusal> {
     let Some(meter) = hold.meter() else { return Ok(()) };
-    let fields: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    match meter.add(dir, (line + fields + 2) as u64) {
+    match meter.add(dir, (line + fields_len(headers)) as u64) {
         crate::budget::Flow::Stop => {
             let spent = meter.why().cloned().unwrap_or_else(|| crate::budget::Exhausted {
                 budget: "upload_bytes".into(),
@@ -37,6 +36,12 @@ pub fn charge_head(
         }
         _ => Ok(()),
     }
+}
+
+/// The bytes of header fields as sent: `name: value\r\n` each, and the blank line
+/// that ends them. What a head (past its first line) or a trailers block costs.
+pub fn fields_len(headers: &http::HeaderMap) -> usize {
+    headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>() + 2
 }
 
 /// The length of a request line: `METHOD TARGET HTTP/1.1\r\n`.

@@ -416,7 +416,7 @@ fn frame_bytes(frame: &http_body::Frame<bytes::Bytes>) -> u64 {
     if let Some(data) = frame.data_ref() {
         return data.len() as u64;
     }
-    frame.trailers_ref().map_or(0, |t| t.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>() as u64 + 2)
+    frame.trailers_ref().map_or(0, |t| super::bodies::fields_len(t) as u64)
 }
 
 #[cfg(test)]

@@ -74,19 +74,6 @@ fn replace(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn query_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// Replaces the placeholders in `parts` (headers, and the query where allowed) for a
 /// request to `host` by a sandbox under `policy`. `body`: whether the request may have
 /// a body (bound secrets with `body = true` are then streamed through it).
@@ -179,7 +166,7 @@ pub fn swap(
                 }
                 Some(v) => {
                     out.used = true;
-                    let escaped = query_escape(v);
+                    let escaped = crate::redact::percent_escape(v, true);
                     query = query.map(|q| q.replace(&ph, &escaped));
                     used(v, &mut out);
                     // An upstream that echoes its URL (a redirect, a next-page link)
