@@ -21,7 +21,7 @@ pub use validate::{
 /// Reads and validates a gateway config file. Relative paths in it are relative to the
 /// file's directory.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read { file: path.into(), source: e })?;
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read { file: path.into(), error: e })?;
     let base = path.parent().unwrap_or_else(|| Path::new("."));
     parse(&text, &path.into(), base)
 }
@@ -29,6 +29,6 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Parses and validates config text.
 pub fn parse(text: &str, file: &DisplayPath, base_dir: &Path) -> Result<Config, ConfigError> {
     let raw: raw::RawConfig =
-        toml::from_str(text).map_err(|e| ConfigError::Toml { file: file.clone(), source: Box::new(e) })?;
+        toml::from_str(text).map_err(|e| ConfigError::Toml { file: file.clone(), error: Box::new(e) })?;
     validate::validate(raw, file, base_dir)
 }

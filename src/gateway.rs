@@ -134,8 +134,8 @@ pub enum GatewayError {
     Github(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("cannot bind {what} listener {addr}: {source}")]
-    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("cannot bind {what} listener {addr}: {error}")]
+    Bind { what: &'static str, addr: SocketAddr, error: std::io::Error },
     #[error("cannot start resolver: {0}")]
     Resolver(std::io::Error),
     #[error("cannot start the proxy threads: {0}")]
@@ -174,16 +174,16 @@ impl Gateway {
         crate::metrics::install();
         let shared = build_shared(config)?;
         let bind = |what: &'static str, addr: SocketAddr| async move {
-            TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { what, addr, source })
+            TcpListener::bind(addr).await.map_err(|error| GatewayError::Bind { what, addr, error })
         };
         let config = &shared.config;
         let proxy = bind("proxy", config.proxy.listen).await?;
         let admin = bind("admin", config.admin.listen).await?;
         let dns = match &config.dns {
-            Some(d) => Some(DnsServer::bind(d, may_reach(&shared)).await.map_err(|source| GatewayError::Bind {
+            Some(d) => Some(DnsServer::bind(d, may_reach(&shared)).await.map_err(|error| GatewayError::Bind {
                 what: "dns",
                 addr: d.listen,
-                source,
+                error,
             })?),
             None => None,
         };

@@ -102,7 +102,12 @@ fn check_allow_deny_and_errors() {
     let (code, _, err) = text(&bin(&["check", "--config", s(&bad_cfg), "--sandbox", "s", "a.com:443"]));
     assert_eq!(code, 2);
     assert!(err.contains("p.toml") && err.contains("line 2"), "bad TOML shows file and line: {err}");
+    assert_eq!(err.matches("line 2").count(), 1, "the cause is told once: {err}");
     drop(bad_dir);
+    let (code, _, err) = text(&bin(&["check", "--config", "/nonexistent/gw.toml", "--sandbox", "s", "a.com:443"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/gw.toml: cannot read: No such file"), "{err}");
+    assert_eq!(err.matches("No such file").count(), 1, "the cause is told once: {err}");
 }
 
 #[test]

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{file}: cannot read: {source}")]
-    Read { file: DisplayPath, source: std::io::Error },
-    #[error("{file}: {source}")]
-    Toml { file: DisplayPath, source: Box<toml::de::Error> },
+    #[error("{file}: cannot read: {error}")]
+    Read { file: DisplayPath, error: std::io::Error },
+    #[error("{file}: {error}")]
+    Toml { file: DisplayPath, error: Box<toml::de::Error> },
     #[error("{file}: {key}: {message}")]
     Invalid { file: DisplayPath, key: String, message: String },
 }

@@ -137,7 +137,7 @@ fn compile_budget(raw: &RawBudget) -> Result<BudgetSpec, (String, String)> {
 
 /// The `*.toml` files of `dir`, sorted by name so that load order is stable.
 pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::Read { file: dir.into(), source: e })?;
+    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::Read { file: dir.into(), error: e })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
@@ -151,7 +151,7 @@ fn read_dir(dir: &Path) -> Result<Vec<Source>, ConfigError> {
         .into_iter()
         .map(|path| {
             let text =
-                std::fs::read_to_string(&path).map_err(|e| ConfigError::Read { file: (&path).into(), source: e })?;
+                std::fs::read_to_string(&path).map_err(|e| ConfigError::Read { file: (&path).into(), error: e })?;
             Ok(Source::new((&path).into(), text))
         })
         .collect()
@@ -170,7 +170,7 @@ fn compile(
 
     for src in sources {
         let raw: RawPolicyFile =
-            toml::from_str(&src.text).map_err(|e| ConfigError::Toml { file: src.file.clone(), source: Box::new(e) })?;
+            toml::from_str(&src.text).map_err(|e| ConfigError::Toml { file: src.file.clone(), error: Box::new(e) })?;
         for (name, def) in raw.policies {
             if !valid_name(&name) {
                 return Err(ConfigError::invalid(
