@@ -220,6 +220,8 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
     let r = curl(&w, &w.gw_ca, &["--http1.1", "-X", "CONNECT"], &url("inspect.test", "/echo"));
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("CONNECT inside an inspected connection"), "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(r.body.trim()).unwrap();
+    assert_eq!(v["sandbox"], "sbx-a", "the refusal names the sandbox of the outer CONNECT: {}", r.body);
 
     // Another policy without request rules: inspected, so every request is refused.
     let out = Command::new("curl")

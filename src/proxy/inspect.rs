@@ -95,6 +95,11 @@ async fn choose(
             state.generation,
             conn.vpce.clone(),
         );
+        // The sandbox is known from the outer CONNECT, before any rule is looked at.
+        if let Some(identity) = &conn.identity {
+            rec.sandbox = Some(identity.sandbox.clone());
+            rec.policy = Some(identity.policy.shared_name());
+        }
         door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute)
     };
     // A tunnel inside a tunnel would carry bytes no request rule sees, whichever
