@@ -92,10 +92,13 @@ pub async fn serve(
     );
     let proxy = &door.config.proxy;
     // The port the client dialled, when a redirect (nftables, iptables) changed it.
-    let port = original_port(&stream).unwrap_or(match listener {
-        Listener::Https => cfg.https_port,
-        Listener::Http => cfg.http_port,
-    });
+    let port = redirected(&stream).map_or(
+        match listener {
+            Listener::Https => cfg.https_port,
+            Listener::Http => cfg.http_port,
+        },
+        |d| d.port(),
+    );
 
     let (name, early) = match listener {
         Listener::Https => match sni::read(&mut stream, proxy.header_read_timeout).await {
@@ -211,6 +214,11 @@ fn read_refusal(e: &ReadError) -> Refusal {
 /// reason is in the access log), or an HTTP denial like the proxy's.
 async fn refuse(stream: &mut TcpStream, rec: &mut AccessRecord, listener: Listener, refusal: Refusal) {
     let Refusal { reason, hint, rule, status: _, budget } = refusal;
+    // Refused before a name was read: logged under the address the client dialled.
+    let unnamed = rec.target.is_empty();
+    if let Some(dialled) = redirected(stream).filter(|_| unnamed) {
+        rec.target = crate::access_log::Text::display(&dialled);
+    }
     rec.budget = budget.map(|(name, _)| name);
     // No proxy authentication exists here: an unidentified client is forbidden.
     let status = match respond::status_for(reason) {
@@ -220,7 +228,7 @@ async fn refuse(stream: &mut TcpStream, rec: &mut AccessRecord, listener: Listen
     let bytes = match listener {
         Listener::Https => {
             let description = match reason {
-                DenyReason::BadRequest if rec.target.is_empty() => sni::DECODE_ERROR,
+                DenyReason::BadRequest if unnamed => sni::DECODE_ERROR,
                 DenyReason::BadRequest | DenyReason::RequestTooLarge => sni::UNRECOGNIZED_NAME,
                 DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable | DenyReason::UpstreamTimeout => {
                     sni::INTERNAL_ERROR
@@ -263,12 +271,11 @@ fn http_denial(status: http::StatusCode, reason: DenyReason, body: &str, hint: O
     .into_bytes()
 }
 
-/// The destination port before a NAT redirect, when there was one: `SO_ORIGINAL_DST`
+/// The destination before a NAT redirect, when there was one: `SO_ORIGINAL_DST`
 /// differs from the socket's own address only for a redirected connection.
-fn original_port(stream: &TcpStream) -> Option<u16> {
+fn redirected(stream: &TcpStream) -> Option<SocketAddr> {
     let local = stream.local_addr().ok()?;
-    let original = original_dst(stream)?;
-    (original != local).then_some(original.port())
+    original_dst(stream).filter(|o| *o != local)
 }
 
 #[cfg(target_os = "linux")]

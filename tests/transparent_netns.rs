@@ -244,6 +244,17 @@ fn the_node_recipe_serves_proxy_unaware_programs_and_drops_everything_else() {
         (Some("host_denied"), Some("blocked.origin.test:443"))
     );
 
+    // Something that is not TLS on a redirected port: refused before any name is
+    // known, and logged under the address the client dialled.
+    let not_tls = format!(
+        "import socket; s = socket.create_connection(('{GW_IP}', 443), 5); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(64).hex())"
+    );
+    let out = ns.in_sandbox(&["python3", "-c", &not_tls]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("1503"), "a TLS alert: {out:?}");
+    let rec = gw.wait_for_access(1, |v| v["kind"] == "transparent" && v["reason"] == "bad_request").remove(0);
+    assert_eq!(rec["target"].as_str(), Some(format!("{GW_IP}:443").as_str()), "{rec}");
+
     // UDP 443 (QUIC) and a TCP port that is not redirected get nowhere, though
     // something listens on both; a direct connection to the listener is dropped too.
     let udp = Witness::start(&ns.gw, "udp", 443);
