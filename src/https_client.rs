@@ -9,6 +9,7 @@ use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -59,13 +60,32 @@ pub struct HttpsConnector {
     resolver: Arc<Resolver>,
     tls: tokio_rustls::TlsConnector,
     stall: Duration,
+    /// The connections this connector opened that are still open, pooled or in use.
+    open: Arc<AtomicUsize>,
+}
+
+/// One open connection, counted in its connector's `open` until dropped.
+struct Open(Arc<AtomicUsize>);
+
+impl Open {
+    fn new(count: &Arc<AtomicUsize>) -> Open {
+        count.fetch_add(1, Ordering::Relaxed);
+        Open(count.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl HttpsConnector {
     /// Connections whose writes make no progress for `stall` (the idle timeout) fail:
     /// an upstream that stops reading a request body does not hold one for ever.
     pub fn new(resolver: Arc<Resolver>, tls: rustls::ClientConfig, stall: Duration) -> Self {
-        HttpsConnector { resolver, tls: tokio_rustls::TlsConnector::from(Arc::new(tls)), stall }
+        let open = Arc::default();
+        HttpsConnector { resolver, tls: tokio_rustls::TlsConnector::from(Arc::new(tls)), stall, open }
     }
 
     /// The same connector with TLS sessions of its own: a session (or ticket) one
@@ -82,6 +102,7 @@ impl HttpsConnector {
             resolver: self.resolver.clone(),
             tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
             stall: self.stall,
+            open: Arc::default(),
         }
     }
 }
@@ -89,9 +110,15 @@ impl HttpsConnector {
 /// TLS sessions a sandbox's client keeps for resumption (a few per upstream host).
 const SESSIONS_PER_SANDBOX: usize = 32;
 
-pub enum Stream {
-    Plain(TokioIo<Stalling<TcpStream>>, std::net::SocketAddr),
-    Tls(Box<TokioIo<TlsStream<Stalling<TcpStream>>>>, std::net::SocketAddr),
+pub struct Stream {
+    io: Io,
+    peer: std::net::SocketAddr,
+    _open: Open,
+}
+
+enum Io {
+    Plain(TokioIo<Stalling<TcpStream>>),
+    Tls(Box<TokioIo<TlsStream<Stalling<TcpStream>>>>),
 }
 
 impl tower_service::Service<Uri> for HttpsConnector {
@@ -104,16 +131,17 @@ impl tower_service::Service<Uri> for HttpsConnector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let (resolver, tls, stall) = (self.resolver.clone(), self.tls.clone(), self.stall);
+        let (resolver, tls, stall, open) = (self.resolver.clone(), self.tls.clone(), self.stall, self.open.clone());
         Box::pin(async move {
             let https = uri.scheme_str() == Some("https");
             let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
             let target = addr::parse_authority(authority, Some(if https { 443 } else { 80 }))
                 .map_err(|e| DialError::ResolveFailed(format!("invalid upstream authority: {e}")))?;
             let (tcp, peer) = resolver.dial(&target).await?;
+            let _open = Open::new(&open);
             let tcp = Stalling::new(tcp, stall);
             if !https {
-                return Ok(Stream::Plain(TokioIo::new(tcp), peer));
+                return Ok(Stream { io: Io::Plain(TokioIo::new(tcp)), peer, _open });
             }
             let name = match &target.host {
                 addr::Host::Name(n) => ServerName::try_from(n.clone()),
@@ -121,52 +149,47 @@ impl tower_service::Service<Uri> for HttpsConnector {
             }
             .map_err(|e| DialError::Unreachable(io::Error::other(e)))?;
             let stream = tls.connect(name, tcp).await.map_err(DialError::Unreachable)?;
-            Ok(Stream::Tls(Box::new(TokioIo::new(stream)), peer))
+            Ok(Stream { io: Io::Tls(Box::new(TokioIo::new(stream))), peer, _open })
         })
     }
 }
 
 impl Connection for Stream {
     fn connected(&self) -> Connected {
-        match self {
-            Stream::Plain(_, a) => Connected::new().extra(UpstreamAddr(*a)),
-            Stream::Tls(s, a) => {
-                let connected = Connected::new().extra(UpstreamAddr(*a));
-                match s.inner().get_ref().1.alpn_protocol() {
-                    Some(b"h2") => connected.negotiated_h2(),
-                    _ => connected,
-                }
-            }
+        let connected = Connected::new().extra(UpstreamAddr(self.peer));
+        match &self.io {
+            Io::Tls(s) if s.inner().get_ref().1.alpn_protocol() == Some(b"h2") => connected.negotiated_h2(),
+            _ => connected,
         }
     }
 }
 
 impl Read for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
 
 impl Write for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s, _) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -181,6 +204,11 @@ const IDLE: Duration = Duration::from_secs(60);
 const IDLE_PER_HOST: usize = 16;
 /// Above this many sandboxes' clients, unused ones are swept (at most once per [`IDLE`]).
 const SWEEP_ABOVE: usize = 256;
+/// Upstream connections one sandbox's client may hold open, pooled or in use, before
+/// it is replaced by a fresh one (its idle connections then close). The per-host idle
+/// limit alone would let a sandbox that names many hosts (a wildcard it may inspect)
+/// keep thousands of idle upstream connections, and their descriptors, for [`IDLE`].
+const OPEN_PER_SANDBOX: usize = 256;
 
 /// The HTTPS clients of TLS inspection, the git route and the API routes: one per
 /// sandbox, each with its own connection pool. A connection is reused only by the
@@ -189,11 +217,20 @@ const SWEEP_ABOVE: usize = 256;
 pub struct Clients {
     connector: HttpsConnector,
     pools: Mutex<Pools>,
+    /// [`OPEN_PER_SANDBOX`] (smaller in tests).
+    open_limit: usize,
 }
 
 struct Pools {
-    by_sandbox: HashMap<(Arc<str>, Version), (HttpsClient, Instant)>,
+    by_sandbox: HashMap<(Arc<str>, Version), Pooled>,
     swept: Instant,
+}
+
+struct Pooled {
+    client: HttpsClient,
+    used: Instant,
+    /// The client's open connections ([`HttpsConnector::open`]).
+    open: Arc<AtomicUsize>,
 }
 
 /// What a request may be sent as upstream.
@@ -210,7 +247,7 @@ pub enum Version {
 impl Clients {
     pub fn new(connector: HttpsConnector) -> Self {
         let pools = Pools { by_sandbox: HashMap::new(), swept: Instant::now() };
-        Clients { connector, pools: Mutex::new(pools) }
+        Clients { connector, pools: Mutex::new(pools), open_limit: OPEN_PER_SANDBOX }
     }
 
     /// `sandbox`'s client for `version`, made on first use.
@@ -218,23 +255,34 @@ impl Clients {
         let now = Instant::now();
         let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (sandbox.clone(), version);
-        if let Some((client, used)) = pools.by_sandbox.get_mut(&key) {
-            *used = now;
-            return client.clone();
+        // A dropped client's idle connections close; one in use finishes its exchange.
+        if let Some(p) = pools.by_sandbox.get_mut(&key) {
+            if p.open.load(Ordering::Relaxed) < self.open_limit {
+                p.used = now;
+                return p.client.clone();
+            }
+            tracing::debug!(sandbox = %sandbox, open = self.open_limit, "upstream connection pool full: replaced");
         }
         if pools.by_sandbox.len() >= SWEEP_ABOVE && now.duration_since(pools.swept) >= IDLE {
-            // A dropped client's idle connections close; one in use finishes its exchange.
-            pools.by_sandbox.retain(|_, (_, used)| now.duration_since(*used) < IDLE);
+            pools.by_sandbox.retain(|_, p| now.duration_since(p.used) < IDLE);
             pools.swept = now;
         }
+        let connector = self.connector.with_own_sessions(version);
+        let open = connector.open.clone();
         let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(IDLE)
             .pool_max_idle_per_host(IDLE_PER_HOST)
             .set_host(true)
-            .build(self.connector.with_own_sessions(version));
-        pools.by_sandbox.insert(key, (client.clone(), now));
+            .build(connector);
+        pools.by_sandbox.insert(key, Pooled { client: client.clone(), used: now, open });
         client
+    }
+
+    /// Upstream connections open for `sandbox`'s current clients, pooled or in use.
+    pub fn open(&self, sandbox: &str) -> usize {
+        let pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        pools.by_sandbox.iter().filter(|((s, _), _)| &**s == sandbox).map(|(_, p)| p.open.load(Ordering::Relaxed)).sum()
     }
 
     /// Drops every sandbox's client and its idle connections (on reload: a peer that
@@ -275,5 +323,108 @@ pub async fn send_as(
             None => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
         }),
         Err(_) => Err((DenyReason::UpstreamTimeout, format!("{what} did not answer in time"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// An origin on 127.0.0.1 answering every request on a kept connection; counts the
+    /// connections open at its end.
+    async fn origin(open: Arc<AtomicUsize>) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let open = open.clone();
+                open.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut seen = Vec::new();
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            let ok = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+                            if ok.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        port
+    }
+
+    fn clients(limit: usize) -> Clients {
+        let text =
+            "[egress]\nallow = [\"127.0.0.1/32\"]\n[resolver]\nnameservers = [\"127.0.0.1:9\"]\nhosts_file = false\n";
+        let cfg = crate::config::parse(text, &crate::config::DisplayPath("t.toml".into()), Path::new(".")).unwrap();
+        let resolver =
+            Arc::new(Resolver::new(&cfg.resolver, cfg.egress.filter.clone(), Duration::from_secs(5)).unwrap());
+        let tls = client_config(None).unwrap();
+        let mut c = Clients::new(HttpsConnector::new(resolver, tls, Duration::from_secs(30)));
+        c.open_limit = limit;
+        c
+    }
+
+    async fn get(c: &Clients, sandbox: &Arc<str>, port: u16) {
+        let req = http::Request::get(format!("http://127.0.0.1:{port}/")).body(crate::door::respond::empty()).unwrap();
+        let resp = send(c, sandbox, req, Duration::from_secs(5), "origin").await.map_err(|e| e.1).unwrap();
+        http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_naming_many_hosts_keeps_a_bounded_number_of_upstream_connections() {
+        let c = clients(3);
+        let open = Arc::new(AtomicUsize::new(0));
+        let sandbox: Arc<str> = "sbx".into();
+        let other: Arc<str> = "other".into();
+        let mut ports = Vec::new();
+        for _ in 0..8 {
+            ports.push(origin(open.clone()).await);
+        }
+        // Another sandbox's pooled connection is not touched by this one's.
+        get(&c, &other, ports[0]).await;
+        let mut most = 0;
+        for &port in &ports {
+            get(&c, &sandbox, port).await;
+            most = most.max(c.open("sbx"));
+        }
+        assert_eq!(most, 3, "the pool fills up to its limit, and no further");
+        // Every host left a kept connection, but the replaced pools' closed: the
+        // origins see at most the limit, plus the other sandbox's one.
+        until("replaced pools close their idle connections", || open.load(Ordering::SeqCst) <= 3 + 1).await;
+        assert_eq!(c.open("other"), 1, "the other sandbox keeps its connection");
+        // Without the limit, every host keeps one.
+        let c = clients(usize::MAX);
+        let open = Arc::new(AtomicUsize::new(0));
+        let mut ports = Vec::new();
+        for _ in 0..8 {
+            ports.push(origin(open.clone()).await);
+        }
+        for &port in &ports {
+            get(&c, &sandbox, port).await;
+        }
+        assert_eq!(c.open("sbx"), 8);
+        until("every host keeps its connection", || open.load(Ordering::SeqCst) == 8).await;
     }
 }
