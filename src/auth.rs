@@ -181,12 +181,7 @@ pub fn authenticate(
             .get(&claims.pol)
             .cloned()
             .ok_or(AuthError::Token(TokenError::Claims("pol names no policy".into())))?;
-        // A sandbox listed in the policy files with its own `vpce` stays bound to it
-        // whatever credential it presents.
-        let vpce = match set.sandbox(&claims.sub) {
-            Some(sbx) if !sbx.vpce.is_empty() => sbx.vpce.clone(),
-            _ => policy.vpce().to_vec(),
-        };
+        let vpce = set.vpce_binding(&claims.sub, &policy).to_vec();
         let key = verifier.key_fingerprint(&kid).unwrap_or_default();
         let credential = Credential::Signed { kid, key, jti: claims.jti, expires: claims.exp };
         return Ok(Identity { sandbox: claims.sub.into(), policy, repos: claims.repos, vpce, credential });
@@ -197,7 +192,7 @@ pub fn authenticate(
             if verifier.is_revoked(&sbx.id) {
                 return Err(AuthError::Token(TokenError::Revoked));
             }
-            let vpce = if sbx.vpce.is_empty() { sbx.policy.vpce().to_vec() } else { sbx.vpce.clone() };
+            let vpce = set.vpce_binding(&sbx.id, &sbx.policy).to_vec();
             let credential = Credential::Static { token_sha256: sbx.token_sha256 };
             Ok(Identity { sandbox: sbx.id.clone(), policy: sbx.policy.clone(), repos: None, vpce, credential })
         }

@@ -504,6 +504,16 @@ impl PolicySet {
         self.sandboxes.get(id)
     }
 
+    /// The VPC endpoints `sandbox`, under `policy`, must come through (empty: any): a
+    /// sandbox listed with its own `vpce` stays bound to it whatever credential it
+    /// presents; otherwise its policy's.
+    pub fn vpce_binding<'a>(&'a self, sandbox: &str, policy: &'a Policy) -> &'a [String] {
+        match self.sandbox(sandbox) {
+            Some(sbx) if !sbx.vpce.is_empty() => &sbx.vpce,
+            _ => policy.vpce(),
+        }
+    }
+
     /// The sandbox whose `addresses` hold `ip`.
     pub fn sandbox_at(&self, ip: std::net::IpAddr) -> Option<&Sandbox> {
         self.claims.sandbox_at(ip).and_then(|id| self.sandboxes.get(id))

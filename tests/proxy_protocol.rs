@@ -134,3 +134,42 @@ fn sandboxes_bound_to_an_endpoint() {
         assert!(resp.contains("auth_invalid") && resp.contains("VPC endpoint"), "{resp}");
     }
 }
+
+#[test]
+fn a_reload_that_rebinds_a_sandbox_to_another_endpoint_closes_its_open_tunnels() {
+    let origin = TestOrigin::http();
+    let bound = |vpce: &str| {
+        standard_policy()
+            .replace("[[sandboxes]]\nid = \"sbx-a\"", &format!("[[sandboxes]]\nid = \"sbx-a\"\nvpce = [\"{vpce}\"]"))
+    };
+    let gw = TestGateway::start(&config("optional"), &bound("vpce-good"));
+    let tunnel = |vpce: &str| {
+        let mut s = connect_from("127.0.0.1", gw.addr);
+        s.write_all(&encode_v2(client(), gw.addr, Some(vpce))).unwrap();
+        let req = format!(
+            "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+            origin.port(),
+            basic("sbx-a", TOKEN_A)
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        assert_eq!(status(&support::raw::read_head(&mut s)), 200);
+        s.write_all(b"GET /echo HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
+        assert_eq!(status(&read_response(&mut s)), 200, "the tunnel works");
+        s
+    };
+    let mut old = tunnel("vpce-good");
+    // Bound to another endpoint: what is open through the old one closes.
+    std::fs::write(gw.dir.path().join("policy/test.toml"), bound("vpce-new")).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "tunnels closed after reload" && v["closed"] == 1);
+    let mut buf = [0u8; 16];
+    old.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert!(matches!(old.read(&mut buf), Ok(0) | Err(_)), "the tunnel through the old endpoint is closed");
+    // One through the new endpoint works, and survives a reload that keeps it.
+    let mut new = tunnel("vpce-new");
+    std::fs::write(gw.dir.path().join("policy/test.toml"), bound("vpce-new") + "\n# touched\n").unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "policies reloaded" && v["generation"] == 3);
+    new.write_all(b"GET /echo HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
+    assert_eq!(status(&read_response(&mut new)), 200, "a tunnel through the bound endpoint is untouched");
+}

@@ -132,7 +132,7 @@ pub fn authorize_as(
     // Registered before any I/O on its behalf (a dial, a body read): a sweep while the
     // client stretches those ends it like any open connection.
     let carrier = conn.watch.as_ref().map(|w| w.end().clone());
-    let registration = door.registry.register(&identity, subject, carrier);
+    let registration = door.registry.register(&identity, subject, conn.vpce.as_deref(), carrier);
     // A reload that swapped in a newer state after this request took its snapshot has
     // swept without seeing it: judge it under the newest state now. (A reload after
     // the registration sees it in its sweep.)

@@ -93,7 +93,8 @@ pub fn identify(door: &Door, state: &State, conn: &ConnInfo, presented: Presente
     // A request inside an inspected connection is the sandbox that opened it, under
     // the policies of now; its own headers name no one.
     if let Some(outer) = &conn.identity {
-        return super::registry::refreshed(state, outer, crate::tokens::now()).ok_or(AuthError::Invalid);
+        let identity = super::registry::refreshed(state, outer, crate::tokens::now()).ok_or(AuthError::Invalid)?;
+        return check_binding(&identity, conn).map(|()| identity);
     }
     let ip = conn.peer.ip();
     if !door.admission.may_try(ip) {
@@ -181,7 +182,7 @@ pub fn identify_by_address(state: &State, conn: &ConnInfo, sidecar: Option<&str>
         sandbox: sandbox.id.clone(),
         policy: sandbox.policy.clone(),
         repos: None,
-        vpce: if sandbox.vpce.is_empty() { sandbox.policy.vpce().to_vec() } else { sandbox.vpce.clone() },
+        vpce: state.policies.vpce_binding(&sandbox.id, &sandbox.policy).to_vec(),
         credential: auth::Credential::Network { addr },
     };
     check_binding(&identity, conn)?;

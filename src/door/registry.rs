@@ -26,6 +26,9 @@ struct Entry {
     held: Subject,
     /// What it was held to since: a push's ref updates, once read.
     also: Vec<Subject>,
+    /// The VPC endpoint its client connection came through (PROXY protocol v2), held
+    /// to the sandbox's binding under each new state.
+    via: Option<String>,
     cancel: CancellationToken,
     /// The end of the client connection that carries it (`door::watch::Watch::end`),
     /// cancelled with it by a sweep: a body nobody polls cannot notice its own.
@@ -126,7 +129,13 @@ impl Registry {
     /// on a client connection that `carrier` ends. Its token is its own, not a child of
     /// a shared one: registering takes no lock but the registry's, and
     /// [`Registry::end_all`] reaches every connection through the table.
-    pub fn register(&self, identity: &Identity, subject: Subject, carrier: Option<CancellationToken>) -> Registration {
+    pub fn register(
+        &self,
+        identity: &Identity,
+        subject: Subject,
+        via: Option<&str>,
+        carrier: Option<CancellationToken>,
+    ) -> Registration {
         let cancel = CancellationToken::new();
         let entry = Entry {
             sandbox: identity.sandbox.clone(),
@@ -135,6 +144,7 @@ impl Registry {
             repos: identity.repos.clone(),
             held: subject,
             also: Vec::new(),
+            via: via.map(str::to_string),
             cancel: cancel.clone(),
             carrier,
         };
@@ -238,6 +248,11 @@ impl Entry {
 
 fn allowed(state: &State, e: &Entry) -> bool {
     policy_for(state, e).is_some_and(|p| {
+        // Bound (now) to VPC endpoints: the one it came through must be among them.
+        let binding = state.policies.vpce_binding(&e.sandbox, p);
+        if !binding.is_empty() && !e.via.as_ref().is_some_and(|v| binding.contains(v)) {
+            return false;
+        }
         std::iter::once(&e.held).chain(&e.also).all(|s| {
             // A peer's half of the agreement is judged again under the new state.
             let fresh;
@@ -306,7 +321,8 @@ pub fn refreshed(state: &State, identity: &Identity, now: u64) -> Option<Identit
         return None;
     }
     let policy = governing(state, &identity.sandbox, identity.policy.name(), &identity.credential)?;
-    Some(Identity { policy: policy.clone(), ..identity.clone() })
+    let vpce = state.policies.vpce_binding(&identity.sandbox, policy).to_vec();
+    Some(Identity { policy: policy.clone(), vpce, ..identity.clone() })
 }
 
 /// What a request holds for as long as any of its bodies flows: its registration
@@ -441,11 +457,11 @@ mod tests {
     #[test]
     fn a_registration_after_end_all_is_ended_and_its_drop_removes_no_other_entry() {
         let r = Registry::default();
-        let a = r.register(&identity("a"), host("a.test:443"), None);
-        let b = r.register(&identity("b"), host("b.test:443"), None);
+        let a = r.register(&identity("a"), host("a.test:443"), None, None);
+        let b = r.register(&identity("b"), host("b.test:443"), None, None);
         drop(a);
         assert_eq!(r.open_for("a"), Vec::<String>::new());
-        let c = r.register(&identity("c"), host("c.test:443"), None);
+        let c = r.register(&identity("c"), host("c.test:443"), None, None);
         assert_eq!(
             (r.len(), r.open_for("b"), r.open_for("c")),
             (2, vec!["b.test:443".into()], vec!["c.test:443".into()])
@@ -453,7 +469,7 @@ mod tests {
 
         assert_eq!(r.end_all(), 2);
         assert!(b.is_ended() && c.is_ended());
-        let late = r.register(&identity("d"), host("d.test:443"), None);
+        let late = r.register(&identity("d"), host("d.test:443"), None, None);
         assert!(late.is_ended(), "registered after end_all: ended at once");
         assert_eq!(r.len(), 2, "and never in the table");
         drop(late);
