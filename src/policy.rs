@@ -100,9 +100,14 @@ pub fn decide<'p>(policy: &'p Policy, subject: &Subject, narrow: Option<&[String
             }
         }
         Subject::Route { route, method, path } => policy.decide_route(route, method, path),
-        Subject::Peer { sandbox, labels, accepted, address, .. } => {
-            policy.decide_peer(sandbox, labels, *accepted && address.is_some())
-        }
+        Subject::Peer { sandbox, name, labels, accepted, address, .. } => match policy.denied(name) {
+            // `deny` beats every allow, a peer agreement too.
+            Some(rule) => Decision {
+                verdict: Verdict::Deny { reason: DenyReason::HostDenied, rule: Some(rule) },
+                report_only: false,
+            },
+            None => policy.decide_peer(sandbox, labels, *accepted && address.is_some()),
+        },
     }
 }
 
@@ -315,9 +320,14 @@ impl Policy {
         self.git.allow_delete
     }
 
+    /// The `deny` rule that names `target`, if any.
+    fn denied(&self, target: &Target) -> Option<&RuleSource> {
+        self.first_match(&self.deny, target, |p| deny_port_matches(p, target.port))
+    }
+
     fn verdict(&self, target: &Target) -> Verdict<'_> {
         let port = target.port;
-        if let Some(rule) = self.first_match(&self.deny, target, |p| deny_port_matches(p, port)) {
+        if let Some(rule) = self.denied(target) {
             return Verdict::Deny { reason: DenyReason::HostDenied, rule: Some(rule) };
         }
         if let Some(rule) = self.first_match(&self.allow, target, |p| self.allow_port_matches(p, port)) {
@@ -530,6 +540,7 @@ impl PolicySet {
         match self.peer(callee) {
             Some(peer) => Subject::Peer {
                 sandbox: callee.to_string(),
+                name: target.clone(),
                 labels: peer.labels.clone(),
                 port: target.port,
                 accepted: peer.policy.accepts(caller, caller_labels),
@@ -537,6 +548,7 @@ impl PolicySet {
             },
             None => Subject::Peer {
                 sandbox: callee.to_string(),
+                name: target.clone(),
                 labels: Vec::new(),
                 port: target.port,
                 accepted: false,
@@ -691,13 +703,20 @@ mod tests {
         b.add_peer(RuleList::Peers, "team-a/*", "t:3").unwrap();
         b.add_peer(RuleList::AcceptFrom, "sbx-runner", "t:4").unwrap();
         assert!(b.add_peer(RuleList::Peers, "bad pattern", "t:5").is_err());
+        b.add(RuleList::Deny, "sbx-secret.sandboxes.internal", "t:6").unwrap();
+        b.add(RuleList::Deny, "*.sandboxes.internal:22", "t:7").unwrap();
         let p = b.build();
-        let peer = |id: &str, label: &str, accepted: bool| {
+        let peer_at = |id: &str, label: &str, accepted: bool, port: u16| {
             let address = Some(std::net::IpAddr::from([10, 0, 0, 3]));
-            let s = Subject::Peer { sandbox: id.into(), labels: vec![label.into()], port: 5432, accepted, address };
+            let name = format!("{id}.sandboxes.internal:{port}").parse().unwrap();
+            let s = Subject::Peer { sandbox: id.into(), name, labels: vec![label.into()], port, accepted, address };
             let d = super::decide(&p, &s, None);
             (d.outcome(), d.rule().map(|r| r.location.clone()))
         };
+        // `deny` beats a peer agreement, by name and by port.
+        assert_eq!(peer_at("sbx-secret", "team-a/db", true, 5432), (Outcome::Deny, Some("t:6".into())));
+        assert_eq!(peer_at("sbx-db", "team-a/db", true, 22), (Outcome::Deny, Some("t:7".into())));
+        let peer = |id: &str, label: &str, accepted: bool| peer_at(id, label, accepted, 5432);
         // Report mode never lets a peer through: both sides must agree.
         assert_eq!(peer("sbx-db", "team-a/db", true), (Outcome::Allow, Some("t:3".into())));
         assert_eq!(peer("sbx-db", "team-a/db", false), (Outcome::Deny, Some("t:3".into())));

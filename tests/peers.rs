@@ -66,6 +66,7 @@ fn policy_at(db_accepts: &str, db_address: &str) -> String {
 [policies.runner]
 allow = []
 peers = ["team-a/db*", "sbx-cache"]
+deny = ["*.sandboxes.internal:22"]
 
 [policies.db]
 allow = []
@@ -202,6 +203,16 @@ fn peers_are_reached_only_when_both_policies_agree() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((v["decision"].as_str(), v["rule_list"].as_str()), (Some("allow"), Some("peers")), "{v}");
     assert!(v["rule_location"].as_str().unwrap().ends_with("test.toml:4"), "{v}");
+
+    // `deny` beats the agreement: a peer on a denied port is refused before any dial.
+    let out = via(&gw, "sbx-runner", TOKEN_A, "http://sbx-db.sandboxes.internal:22/", false);
+    assert_eq!(out.status, 403, "{} {}", out.body, out.stderr);
+    let rec = gw.wait_for_access(1, |v| v["target"] == "sbx-db.sandboxes.internal:22").remove(0);
+    assert_eq!(
+        (rec["reason"].as_str(), rec["rule"].as_str()),
+        (Some("host_denied"), Some("*.sandboxes.internal:22")),
+        "{rec}"
+    );
 }
 
 #[test]

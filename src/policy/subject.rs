@@ -18,7 +18,16 @@ pub enum Subject {
     /// the agreement, judged from the same policy set), and the one address it is
     /// reached at (`None`: it has none, and cannot be reached). A reload that moves
     /// the peer ends connections held to the old address.
-    Peer { sandbox: String, labels: Vec<String>, port: u16, accepted: bool, address: Option<std::net::IpAddr> },
+    /// `name` is the peer as asked (`ID.SUFFIX:PORT`): the policy's `deny` rules are
+    /// matched against it.
+    Peer {
+        sandbox: String,
+        name: Target,
+        labels: Vec<String>,
+        port: u16,
+        accepted: bool,
+        address: Option<std::net::IpAddr>,
+    },
     /// One request to `target` (HTTPS inside an inspected host, or plain HTTP through
     /// the proxy to a host the policy inspects): its method, path as sent (with its
     /// query) and headers (lower-case names; never `Proxy-Authorization`). Decided by
