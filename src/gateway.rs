@@ -266,8 +266,11 @@ impl Gateway {
         let admin_stop = CancellationToken::new();
         let admin_state = Arc::new(Admin { shared: shared.clone(), metrics: crate::metrics::install() });
         let admin_task = tokio::spawn(admin::serve(admin, admin_state, admin_stop.clone()));
-        let reloader = tokio::spawn(reload_on_sighup(shared.clone(), stop_accepting.clone()));
-        let watcher = tokio::spawn(reload_on_change(shared.clone(), stop_accepting.clone()));
+        // Not stopped with accepting either: a reload while connections drain (a
+        // revocation during a rolling deploy) still ends what it no longer allows.
+        let reload_stop = CancellationToken::new();
+        let reloader = tokio::spawn(reload_on_sighup(shared.clone(), reload_stop.clone()));
+        let watcher = tokio::spawn(reload_on_change(shared.clone(), reload_stop.clone()));
         // Not stopped with accepting: connections being drained still end at expiry.
         let expiry = tokio::spawn(end_expired_connections(shared.clone()));
         let dns_task = dns.map(|d| tokio::spawn(d.run(stop_accepting.clone())));
@@ -313,8 +316,6 @@ impl Gateway {
         for t in transparent_tasks {
             let _ = t.await;
         }
-        reloader.abort();
-        watcher.abort();
         if let Some(t) = dns_task {
             let _ = t.await;
         }
@@ -330,6 +331,9 @@ impl Gateway {
             let _ = tokio::time::timeout(Duration::from_secs(2), shared.tasks.wait()).await;
         }
         expiry.abort();
+        reload_stop.cancel();
+        reloader.abort();
+        watcher.abort();
         admin_stop.cancel();
         let _ = admin_task.await;
         tracing::info!(clean = finished, "stopped");

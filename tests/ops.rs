@@ -477,3 +477,32 @@ fn a_second_signal_stops_at_once() {
     assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0));
     assert!(second.elapsed() < Duration::from_secs(5), "exited {:?} after the second signal", second.elapsed());
 }
+
+#[test]
+fn a_reload_while_draining_still_closes_what_it_revokes() {
+    use std::io::Read;
+    let origin = TestOrigin::http();
+    let config = STANDARD_CONFIG
+        .replace("[drain]\ndelay = \"0s\"\ntimeout = \"2s\"", "[drain]\ndelay = \"0s\"\ntimeout = \"30s\"");
+    let mut gw = TestGateway::start(&config, &standard_policy());
+    let mut tunnel = raw::connect(gw.addr);
+    let req = format!(
+        "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        origin.port(),
+        basic("sbx-a", TOKEN_A)
+    );
+    tunnel.write_all(req.as_bytes()).unwrap();
+    assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
+    gw.signal("TERM");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "stopped accepting; waiting for in-flight work");
+    // The tunnel would run until the drain timeout; a revocation ends it now.
+    let narrowed = standard_policy().replace("\"origin.test:*\", ", "");
+    std::fs::write(gw.dir.path().join("policy/test.toml"), narrowed).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "tunnels closed after reload" && v["closed"] == 1);
+    let mut buf = [0u8; 16];
+    tunnel.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert!(matches!(tunnel.read(&mut buf), Ok(0) | Err(_)), "revoked tunnel closed");
+    // With nothing left in flight, the drain ends well before its timeout.
+    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0));
+}
