@@ -182,12 +182,19 @@ impl Resolver {
     pub async fn vetted(&self, target: &Target) -> Result<Addrs, DialError> {
         // A peer name is never looked up in DNS, and its address is not vetted against
         // egress.deny: the front door authorized this very peer (both policies agree).
+        // The gateway's own listeners stay out of reach: a peer given one of the
+        // gateway's addresses would otherwise open its admin port to the sandbox.
         if let (Some(lookup), Host::Name(name)) = (self.peers.get(), &target.host)
             && let Some(peer) = lookup(name)
         {
-            return peer
-                .map(|ip| smallvec::smallvec![SocketAddr::new(ip, target.port)])
-                .map_err(DialError::ResolveFailed);
+            let addr = SocketAddr::new(peer.map_err(DialError::ResolveFailed)?, target.port);
+            if self.own.get().is_some_and(|own| is_own(own, addr)) {
+                return Err(DialError::AddressDenied(AddressDenied {
+                    addr: addr.ip(),
+                    net: ipnet::IpNet::from(addr.ip()),
+                }));
+            }
+            return Ok(smallvec::smallvec![addr]);
         }
         let ips = self.resolve(&target.host).await?;
         let mut addrs = vet_all(&self.filter, &ips, target.port)?;

@@ -97,6 +97,13 @@ policy = "db"
 addresses = ["{db_address}"]
 labels = ["team-a/db"]
 
+# Misconfigured: the gateway's own address.
+[[sandboxes]]
+id = "sbx-cache"
+token_sha256 = "{b}"
+policy = "db"
+addresses = ["127.0.0.1"]
+
 [[sandboxes]]
 id = "sbx-lonely"
 token_sha256 = "{b}"
@@ -203,6 +210,14 @@ fn peers_are_reached_only_when_both_policies_agree() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((v["decision"].as_str(), v["rule_list"].as_str()), (Some("allow"), Some("peers")), "{v}");
     assert!(v["rule_location"].as_str().unwrap().ends_with("test.toml:4"), "{v}");
+
+    // A peer given the gateway's own address does not open the gateway's ports.
+    for port in [gw.admin_addr().port(), gw.addr.port()] {
+        let out =
+            via(&gw, "sbx-runner", TOKEN_A, &format!("http://sbx-cache.sandboxes.internal:{port}/v1/status"), false);
+        assert_eq!(out.status, 403, "{} {}", out.body, out.stderr);
+        assert!(out.body.contains("\"reason\":\"address_denied\""), "{}", out.body);
+    }
 
     // `deny` beats the agreement: a peer on a denied port is refused before any dial.
     let out = via(&gw, "sbx-runner", TOKEN_A, "http://sbx-db.sandboxes.internal:22/", false);
