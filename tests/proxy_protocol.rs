@@ -173,3 +173,39 @@ fn a_reload_that_rebinds_a_sandbox_to_another_endpoint_closes_its_open_tunnels()
     new.write_all(b"GET /echo HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
     assert_eq!(status(&read_response(&mut new)), 200, "a tunnel through the bound endpoint is untouched");
 }
+
+#[test]
+fn headers_that_arrive_a_byte_at_a_time_are_read() {
+    let origin = TestOrigin::http();
+    let gw = TestGateway::start(&config("optional"), &standard_policy());
+    let v1 = b"PROXY TCP4 203.0.113.51 127.0.0.1 51000 4002\r\n".to_vec();
+    for (header, client_addr) in
+        [(encode_v2(client(), gw.addr, Some("vpce-slow")), "198.51.100.7:40000"), (v1, "203.0.113.51:51000")]
+    {
+        let mut s = connect_from("127.0.0.1", gw.addr);
+        s.set_nodelay(true).unwrap();
+        // The first bytes, which tell a header from none, one at a time with pauses.
+        for b in &header[..14] {
+            s.write_all(&[*b]).unwrap();
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        s.write_all(&header[14..]).unwrap();
+        s.write_all(request(&origin, "sbx-a").as_bytes()).unwrap();
+        assert_eq!(status(&read_response(&mut s)), 200, "{client_addr}");
+        gw.wait_for_log(Duration::from_secs(5), |v| v["log"] == "access" && v["client_addr"] == client_addr);
+    }
+    // The start of a header, then the client's end of the connection: nothing more
+    // can come, so it is closed at once, not at the (here 30 s) header timeout.
+    let config = config("optional").replace("header_read_timeout = \"2s\"", "header_read_timeout = \"30s\"");
+    let gw = TestGateway::start(&config, &standard_policy());
+    let mut s = connect_from("127.0.0.1", gw.addr);
+    s.write_all(b"\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 64];
+    let r = s.read(&mut buf);
+    assert!(
+        matches!(&r, Ok(0)) || matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "closed before the header timeout: {r:?}"
+    );
+}

@@ -159,27 +159,40 @@ pub fn parse_v2(buf: &[u8]) -> Result<(Header, usize), ProxyHeaderError> {
 /// Looks at the first bytes of `stream` without consuming them, waiting up to
 /// `timeout` for enough of them to tell whether a PROXY header is there.
 pub async fn sniff(stream: &TcpStream, timeout: Duration) -> Result<Detect, ProxyHeaderError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut buf = [0u8; 12];
-    loop {
-        let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
-            .await
-            .map_err(|_| ProxyHeaderError::Incomplete)?
-            .map_err(|_| ProxyHeaderError::Incomplete)?;
-        if n == 0 {
-            return Err(ProxyHeaderError::Incomplete);
-        }
-        match detect(&buf[..n]) {
-            Detect::NeedMore => {
-                // Peek returns at once while data is buffered: wait a little for more.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(ProxyHeaderError::Incomplete);
+    let peek = async {
+        use nix::sys::socket::{MsgFlags, recv};
+        use std::os::fd::AsRawFd;
+        let mut buf = [0u8; 12];
+        let mut seen = 0;
+        loop {
+            let ready = stream.ready(tokio::io::Interest::READABLE).await.map_err(|_| ProxyHeaderError::Incomplete)?;
+            // The client closed its side: what is buffered is all there will be.
+            let ended = ready.is_read_closed();
+            // Peeking leaves the bytes buffered, so the socket stays readable: when no
+            // byte came since the last look, say "would block", which makes the next
+            // wait last until more arrive (no polling while a client trickles).
+            let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+                let n = recv(stream.as_raw_fd(), &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT)?;
+                if n > 0 && n == seen {
+                    return Err(std::io::ErrorKind::WouldBlock.into());
                 }
+                Ok(n)
+            });
+            let n = match peeked {
+                Ok(0) => return Err(ProxyHeaderError::Incomplete),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !ended => continue,
+                Err(_) => return Err(ProxyHeaderError::Incomplete),
+            };
+            seen = n;
+            match detect(&buf[..n]) {
+                Detect::NeedMore if ended => return Err(ProxyHeaderError::Incomplete),
+                Detect::NeedMore => {}
+                d => return Ok(d),
             }
-            d => return Ok(d),
         }
-    }
+    };
+    tokio::time::timeout(timeout, peek).await.map_err(|_| ProxyHeaderError::Incomplete)?
 }
 
 /// Reads and parses the header `sniff` detected, consuming exactly its bytes.
