@@ -46,10 +46,12 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
     }
 }
 
-/// The spellings of `secret` an upstream may echo besides the raw one: JSON's `\/`
-/// for `/`, and percent-encoding (upper- and lower-case hex) of every byte but the
-/// unreserved ones. Each is redacted like the raw value. Re-encodings beyond these
-/// (case changes, `\uXXXX`) are not recognised.
+/// The spellings of `secret` an upstream may echo besides the raw one: as JSON
+/// encoders write it (`\"` and `\\`; with `\/`; with `<>&` as `\u003c`, as Go does;
+/// every other byte but letters and digits as `\u00XX`, in either case of hex),
+/// percent-encoded (every byte but the unreserved ones, either case of hex), and in
+/// upper or lower case. Each is redacted like the raw value. Other re-encodings
+/// (base64, hex of the whole value) are not recognised.
 pub fn echo_forms(secret: &str) -> Vec<String> {
     let mut forms = vec![secret.to_string()];
     let mut add = |f: String| {
@@ -57,11 +59,24 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
             forms.push(f);
         }
     };
-    if secret.contains('/') {
-        add(secret.replace('/', "\\/"));
+    let json = |escape: &dyn Fn(char) -> Option<String>| {
+        secret.chars().map(|c| escape(c).unwrap_or_else(|| c.to_string())).collect::<String>()
+    };
+    let quoted = |c: char| matches!(c, '"' | '\\').then(|| format!("\\{c}"));
+    add(json(&quoted));
+    add(json(&|c| if c == '/' { Some("\\/".into()) } else { quoted(c) }));
+    add(json(&|c| if matches!(c, '<' | '>' | '&') { Some(format!("\\u{:04x}", c as u32)) } else { quoted(c) }));
+    for upper in [false, true] {
+        add(json(&|c| {
+            (!c.is_ascii_alphanumeric()).then(|| {
+                let u = format!("{:04x}", c as u32);
+                format!("\\u{}", if upper { u.to_ascii_uppercase() } else { u })
+            })
+        }));
+        add(percent_escape(secret, upper));
     }
-    add(percent_escape(secret, true));
-    add(percent_escape(secret, false));
+    add(secret.to_ascii_uppercase());
+    add(secret.to_ascii_lowercase());
     forms
 }
 
@@ -265,9 +280,28 @@ mod tests {
     }
 
     #[test]
-    fn echo_forms_cover_json_and_percent_escapes() {
-        assert_eq!(echo_forms("sk-plain_123"), vec!["sk-plain_123"]);
-        assert_eq!(echo_forms("sk/a+b="), vec!["sk/a+b=", "sk\\/a+b=", "sk%2Fa%2Bb%3D", "sk%2fa%2bb%3d"]);
+    fn echo_forms_cover_json_and_percent_escapes_and_case() {
+        assert_eq!(
+            echo_forms("sk-plain_123"),
+            vec!["sk-plain_123", "sk\\u002dplain\\u005f123", "sk\\u002Dplain\\u005F123", "SK-PLAIN_123"],
+            "unreserved bytes need no percent form"
+        );
+        assert_eq!(
+            echo_forms("sk/a+b="),
+            vec![
+                "sk/a+b=",
+                "sk\\/a+b=",
+                "sk\\u002fa\\u002bb\\u003d",
+                "sk%2fa%2bb%3d",
+                "sk\\u002Fa\\u002Bb\\u003D",
+                "sk%2Fa%2Bb%3D",
+                "SK/A+B=",
+            ]
+        );
+        let go = echo_forms("k<&>\"\\");
+        for form in ["k\\u003c\\u0026\\u003e\\\"\\\\", "k<&>\\\"\\\\", "K<&>\"\\"] {
+            assert!(go.iter().any(|f| f == form), "{form} in {go:?}");
+        }
     }
 
     #[test]

@@ -337,6 +337,11 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let r = curl(&w, &w.gw_ca, &["-H", &format!("x-echo: {SECRET}")], &url("inspect.test", "/echo"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(!r.body.contains(SECRET), "{}", r.body);
+    // So does one an upstream re-cased or escaped.
+    let shout = SECRET.to_ascii_uppercase();
+    let r = curl(&w, &w.gw_ca, &["-H", &format!("x-echo: {shout}")], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.contains(&shout) && r.body.contains("[REDACTED]"), "{}", r.body);
     // A GET with a body is not sent on.
     let r = curl(&w, &w.gw_ca, &["-X", "GET", "--data", "x"], &url("inspect.test", "/echo"));
     assert_eq!(r.status, 400, "{}", r.body);

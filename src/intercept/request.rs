@@ -305,11 +305,14 @@ async fn drain_rest(body: Option<Incoming>, door: &Door) {
     }
 }
 
-/// Redacts every swapped-in value from the response's headers and body.
+/// Redacts every swapped-in value, as sent and as an upstream may echo it escaped or
+/// re-cased ([`redact::echo_forms`]), from the response's headers and body.
 fn redact_all(headers: &mut HeaderMap, mut body: ProxyBody, swapped: &Swapped) -> ProxyBody {
     for v in &swapped.values {
-        redact::headers(headers, v);
-        body = redact::RedactBody::new(body, v).boxed_unsync();
+        for form in redact::echo_forms(v) {
+            redact::headers(headers, &form);
+            body = redact::RedactBody::new(body, &form).boxed_unsync();
+        }
     }
     body
 }

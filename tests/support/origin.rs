@@ -247,8 +247,8 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         return resp;
     }
     if path == "/escaped-echo" {
-        // Echoes the API key as JSON may (`/` as `\/`) and percent-encoded, in a
-        // header and in the body.
+        // Echoes the API key as JSON may (`/` as `\/`; every symbol as `\u00XX`),
+        // percent-encoded and upper-cased, in headers and in the body.
         let key = headers.iter().find(|(k, _)| k == "x-api-key").map(|(_, v)| v.clone()).unwrap_or_default();
         let escape = |upper: bool| -> String {
             key.bytes()
@@ -260,8 +260,14 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
                 .collect()
         };
         let (pct, lower) = (escape(true), escape(false));
-        let body = format!("{{\"key\":\"{}\",\"next\":\"/p?k={lower}\"}}", key.replace('/', "\\/"));
-        return Response::builder().header("x-enc", pct).body(full(body)).expect("response");
+        let unicode: String = key
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_string() } else { format!("\\u{:04x}", c as u32) })
+            .collect();
+        let body =
+            format!("{{\"key\":\"{}\",\"next\":\"/p?k={lower}\",\"strict\":\"{unicode}\"}}", key.replace('/', "\\/"));
+        let shout = key.to_ascii_uppercase();
+        return Response::builder().header("x-enc", pct).header("x-shout", shout).body(full(body)).expect("response");
     }
     if path == "/gzip-always" || path == "/gzip-if-asked" {
         // The request's headers as JSON, gzip-compressed (by the gzip program) always, or
