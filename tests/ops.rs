@@ -11,6 +11,22 @@ use std::time::{Duration, Instant};
 use support::raw::{self, status};
 use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, TestOrigin, basic, curl, standard_policy};
 
+/// A CONNECT to `host:port` as `user`: the connection and the response head.
+fn connect(gw: &TestGateway, host: &str, port: u16, user: &str, token: &str) -> (std::net::TcpStream, String) {
+    let mut s = raw::connect(gw.addr);
+    let req = format!("CONNECT {host}:{port} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic(user, token));
+    s.write_all(req.as_bytes()).unwrap();
+    let head = raw::read_head(&mut s);
+    (s, head)
+}
+
+/// An open tunnel to `host:port` for sbx-a.
+fn tunnel(gw: &TestGateway, host: &str, port: u16) -> std::net::TcpStream {
+    let (s, head) = connect(gw, host, port, "sbx-a", TOKEN_A);
+    assert_eq!(status(&head), 200, "{head}");
+    s
+}
+
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let resp =
         raw::request(addr, format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes());
@@ -232,14 +248,7 @@ fn a_tunnel_still_open_when_the_drain_times_out_is_ended_and_logged() {
     let config = STANDARD_CONFIG
         .replace("[drain]\ndelay = \"0s\"\ntimeout = \"2s\"", "[drain]\ndelay = \"0s\"\ntimeout = \"1s\"");
     let mut gw = TestGateway::start(&config, &standard_policy());
-    let mut tunnel = raw::connect(gw.addr);
-    let req = format!(
-        "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-        origin.port(),
-        basic("sbx-a", TOKEN_A)
-    );
-    tunnel.write_all(req.as_bytes()).unwrap();
-    assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
+    let _tunnel = tunnel(&gw, "origin.test", origin.port());
     gw.signal("TERM");
     gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "drain ended early; closing what is left");
     // Ended by the gateway, not by its exit: the tunnel's task finishes and logs it.
@@ -254,17 +263,7 @@ fn per_sandbox_limits_answer_429_and_spare_other_sandboxes() {
     let origin = TestOrigin::http();
     let config = STANDARD_CONFIG.replace("[proxy]\n", "[proxy]\nsandbox_max_concurrent = 2\n");
     let gw = TestGateway::start(&config, &standard_policy());
-    let connect = |user: &str, token: &str| {
-        let mut s = raw::connect(gw.addr);
-        let req = format!(
-            "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-            origin.port(),
-            basic(user, token)
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        let head = raw::read_head(&mut s);
-        (s, head)
-    };
+    let connect = |user: &str, token: &str| connect(&gw, "origin.test", origin.port(), user, token);
     let (_t1, h1) = connect("sbx-a", TOKEN_A);
     let (_t2, h2) = connect("sbx-a", TOKEN_A);
     assert_eq!((status(&h1), status(&h2)), (200, 200));
@@ -282,37 +281,14 @@ fn per_sandbox_limits_answer_429_and_spare_other_sandboxes() {
 
 #[test]
 fn a_revoked_sandboxs_open_tunnel_is_closed_on_reload() {
-    use std::io::Read;
     let origin = TestOrigin::http();
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    let mut tunnel = raw::connect(gw.addr);
-    let req = format!(
-        "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-        origin.port(),
-        basic("sbx-a", TOKEN_A)
-    );
-    tunnel.write_all(req.as_bytes()).unwrap();
-    assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
-    tunnel.write_all(b"GET /echo HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
-    assert_eq!(status(&raw::read_response(&mut tunnel)), 200, "the tunnel works");
-
+    let mut revoked = tunnel(&gw, "origin.test", origin.port());
+    revoked.write_all(b"GET /echo HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
+    assert_eq!(status(&raw::read_response(&mut revoked)), 200, "the tunnel works");
     // Another tunnel whose target stays allowed must survive the reload.
-    let mut kept = raw::connect(gw.addr);
-    let req = format!(
-        "CONNECT tls.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-        origin.port(),
-        basic("sbx-a", TOKEN_A)
-    );
-    kept.write_all(req.as_bytes()).unwrap();
-    assert_eq!(status(&raw::read_head(&mut kept)), 200);
-
-    let narrowed = standard_policy().replace("\"origin.test:*\", ", "");
-    std::fs::write(gw.dir.path().join("policy/test.toml"), narrowed).unwrap();
-    gw.signal("HUP");
-    gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "tunnels closed after reload" && v["closed"] == 1);
-    let mut buf = [0u8; 16];
-    tunnel.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    assert!(matches!(tunnel.read(&mut buf), Ok(0) | Err(_)), "revoked tunnel closed");
+    let mut kept = tunnel(&gw, "tls.test", origin.port());
+    revoke_origin_and_see_it_closed(&gw, revoked);
     kept.write_all(b"GET /echo HTTP/1.1\r\nHost: tls.test\r\n\r\n").unwrap();
     assert_eq!(status(&raw::read_response(&mut kept)), 200, "allowed tunnel untouched");
 }
@@ -480,29 +456,28 @@ fn a_second_signal_stops_at_once() {
 
 #[test]
 fn a_reload_while_draining_still_closes_what_it_revokes() {
-    use std::io::Read;
     let origin = TestOrigin::http();
     let config = STANDARD_CONFIG
         .replace("[drain]\ndelay = \"0s\"\ntimeout = \"2s\"", "[drain]\ndelay = \"0s\"\ntimeout = \"30s\"");
     let mut gw = TestGateway::start(&config, &standard_policy());
-    let mut tunnel = raw::connect(gw.addr);
-    let req = format!(
-        "CONNECT origin.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-        origin.port(),
-        basic("sbx-a", TOKEN_A)
-    );
-    tunnel.write_all(req.as_bytes()).unwrap();
-    assert_eq!(status(&raw::read_head(&mut tunnel)), 200);
+    let revoked = tunnel(&gw, "origin.test", origin.port());
     gw.signal("TERM");
     gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "stopped accepting; waiting for in-flight work");
     // The tunnel would run until the drain timeout; a revocation ends it now.
+    revoke_origin_and_see_it_closed(&gw, revoked);
+    // With nothing left in flight, the drain ends well before its timeout.
+    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0));
+}
+
+/// Takes origin.test out of sbx-a's policy, reloads by signal, and sees `revoked` (a
+/// tunnel to it) closed.
+fn revoke_origin_and_see_it_closed(gw: &TestGateway, mut revoked: std::net::TcpStream) {
+    use std::io::Read;
     let narrowed = standard_policy().replace("\"origin.test:*\", ", "");
     std::fs::write(gw.dir.path().join("policy/test.toml"), narrowed).unwrap();
     gw.signal("HUP");
     gw.wait_for_log(Duration::from_secs(5), |v| v["msg"] == "tunnels closed after reload" && v["closed"] == 1);
     let mut buf = [0u8; 16];
-    tunnel.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    assert!(matches!(tunnel.read(&mut buf), Ok(0) | Err(_)), "revoked tunnel closed");
-    // With nothing left in flight, the drain ends well before its timeout.
-    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0));
+    revoked.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert!(matches!(revoked.read(&mut buf), Ok(0) | Err(_)), "revoked tunnel closed");
 }
