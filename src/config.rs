@@ -28,7 +28,6 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 
 /// Parses and validates config text.
 pub fn parse(text: &str, file: &DisplayPath, base_dir: &Path) -> Result<Config, ConfigError> {
-    let raw: raw::RawConfig =
-        toml::from_str(text).map_err(|e| ConfigError::Toml { file: file.clone(), error: Box::new(e) })?;
+    let raw: raw::RawConfig = toml::from_str(text).map_err(|e| ConfigError::toml(file, text, &e))?;
     validate::validate(raw, file, base_dir)
 }

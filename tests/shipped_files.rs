@@ -50,7 +50,7 @@ fn config_validate_cli() {
     let cases = [
         ("[proxy]\nlisen = \"0.0.0.0:1\"\n", "unknown field `lisen`"),
         ("[proxy]\nlisten = \"nope\"\n", "proxy.listen: expected IP:PORT"),
-        ("[proxy]\nheader_read_timeout = \"ten\"\n", "header_read_timeout"),
+        ("[proxy]\nheader_read_timeout = \"ten\"\n", "line 2, column 23: proxy.header_read_timeout: invalid value"),
         ("[egress]\ndeny = [\"10.0.0.0/33\"]\n", "egress.deny[0]: expected"),
         ("[log]\nformat = \"xml\"\n", "log.format: expected"),
         ("[log]\nflush_interval = \"5s\"\n", "log.flush_interval: expected at most 1s"),
@@ -69,6 +69,16 @@ fn config_validate_cli() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{text}: {err}");
         assert!(err.contains("bad.toml") && err.contains(expect), "{text}: {err}");
+    }
+    // A secret given where TOML is expected (a key file as --config, a token pasted
+    // into the wrong key) is never repeated: only where it went wrong, and why.
+    for text in ["SUPERSECRET-0123456789abcdef\n", "[github]\ntoken = \"ghp_SUPERSECRET\"\n"] {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = bin().args(["config", "validate", "--config"]).arg(&path).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {err}");
+        assert!(err.contains("bad.toml: line ") && !err.contains("SUPERSECRET"), "{text}: {err}");
     }
 
     std::fs::create_dir(dir.path().join("policy")).unwrap();

@@ -204,7 +204,8 @@ fn write_dir(src: &Path, dst: &Path, s: &Suggestion) -> anyhow::Result<()> {
     let mut placed: BTreeSet<&str> = BTreeSet::new();
     for path in config::policy_files::policy_files(src)? {
         let text = std::fs::read_to_string(&path)?;
-        let mut doc: toml::Table = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let mut doc: toml::Table =
+            toml::from_str(&text).map_err(|e| crate::config::ConfigError::toml(&(&path).into(), &text, &e))?;
         let mut changed = false;
         if let Some(policies) = doc.get_mut("policies").and_then(toml::Value::as_table_mut) {
             for (name, needs) in &s.policies {

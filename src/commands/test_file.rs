@@ -54,7 +54,8 @@ pub fn run(config_path: Option<&PathBuf>, files: &[PathBuf], out: &mut dyn Write
     for file in files {
         let text =
             std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", file.display()))?;
-        let parsed: TestFile = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        let parsed: TestFile =
+            toml::from_str(&text).map_err(|e| crate::config::ConfigError::toml(&file.into(), &text, &e))?;
         anyhow::ensure!(!parsed.cases.is_empty(), "{}: no [[case]] tables", file.display());
         for case in &parsed.cases {
             let line = text.get(..case.span().start).map_or(0, |s| s.matches('\n').count()) + 1;

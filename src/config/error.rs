@@ -7,13 +7,40 @@ use std::path::PathBuf;
 pub enum ConfigError {
     #[error("{file}: cannot read: {error}")]
     Read { file: DisplayPath, error: std::io::Error },
-    #[error("{file}: {error}")]
-    Toml { file: DisplayPath, error: Box<toml::de::Error> },
+    /// Where the TOML went wrong and why, never the text around it: a secret pasted
+    /// into the wrong file or key must not reach a log or an admin answer.
+    #[error("{file}: line {line}, column {column}: {message}")]
+    Toml { file: DisplayPath, line: usize, column: usize, message: String },
     #[error("{file}: {key}: {message}")]
     Invalid { file: DisplayPath, key: String, message: String },
 }
 
+/// The longest TOML error message shown (what serde quotes of the input is cut).
+const MAX_MESSAGE: usize = 300;
+
 impl ConfigError {
+    /// A TOML syntax or type error in `text` (read from `file`): its position and
+    /// message, with any string value it quotes left out.
+    pub fn toml(file: &DisplayPath, text: &str, e: &toml::de::Error) -> Self {
+        let at = e.span().map_or(0, |s| s.start).min(text.len());
+        let before = text.get(..at).unwrap_or(text);
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        let mut message = without_strings(e.message().trim());
+        if let Some(key) = key_at(text, line) {
+            message = format!("{key}: {message}");
+        }
+        if message.len() > MAX_MESSAGE {
+            let mut cut = MAX_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("...");
+        }
+        ConfigError::Toml { file: file.clone(), line, column, message }
+    }
+
     pub fn invalid(file: &DisplayPath, key: impl Into<String>, message: impl fmt::Display) -> Self {
         ConfigError::Invalid { file: file.clone(), key: key.into(), message: message.to_string() }
     }
@@ -38,5 +65,95 @@ impl From<&PathBuf> for DisplayPath {
 impl fmt::Display for DisplayPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// The key whose value holds line `line` (1-based) of `text`, as `table.key`: the
+/// nearest `key =` at or above it (a value may span lines), under the nearest table
+/// header above that. Only bare keys are named; a quoted one is the user's text.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().take(line).collect();
+    let bare = |k: &str| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    let (at, key) = lines.iter().enumerate().rev().find_map(|(i, l)| {
+        let l = l.trim();
+        if l.starts_with('[') {
+            return Some((i, None));
+        }
+        let (k, _) = l.split_once('=')?;
+        Some((i, Some(k.trim())))
+    })?;
+    let key = key.filter(|k| bare(k))?;
+    let table = lines[..at].iter().rev().map(|l| l.trim()).find(|l| l.starts_with('['));
+    let table = table.map(|t| t.trim_matches(|c| c == '[' || c == ']').trim()).filter(|t| bare(t));
+    Some(match table {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_string(),
+    })
+}
+
+/// `msg` with the string values serde quotes (`invalid type: string "...", expected
+/// ...`) replaced by `"..."`.
+fn without_strings(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(at) = rest.find("string \"") {
+        let (head, tail) = rest.split_at(at + "string \"".len());
+        out.push_str(head);
+        // The value ends at the last quote before serde's ", expected" (values may
+        // hold quotes of their own); with none, at the end.
+        match tail.rfind("\", expected") {
+            Some(end) => {
+                out.push_str("...\"");
+                rest = &tail[end + 1..];
+            }
+            None => {
+                out.push_str("...\"");
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(text: &str) -> String {
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code, reason = "only parsed")]
+        struct T {
+            port: Option<u16>,
+            on: Option<bool>,
+        }
+        let e = toml::from_str::<T>(text).unwrap_err();
+        ConfigError::toml(&DisplayPath("f.toml".into()), text, &e).to_string()
+    }
+
+    #[test]
+    fn toml_errors_name_the_key_under_its_table() {
+        let text = "[proxy]\nlisten = \"x\"\n[log]\nlevels = [\n  \"a\",\n  7,\n]\n";
+        assert_eq!(key_at(text, 2).as_deref(), Some("proxy.listen"));
+        assert_eq!(key_at(text, 7).as_deref(), Some("log.levels"), "a value over several lines");
+        assert_eq!(key_at(text, 3), None, "a table header is no key");
+        assert_eq!(key_at("\"odd key\" = 1\n", 1), None, "quoted keys are not repeated");
+    }
+
+    #[test]
+    fn toml_errors_give_the_place_and_never_the_text() {
+        let e = error("SUPERSECRET-aaaa-bbbb\n");
+        assert!(e.starts_with("f.toml: line 1, column "), "{e}");
+        assert!(!e.contains("SUPERSECRET"), "{e}");
+        let e = error("port = 80\ntoken = \"ghp_SECRET\"\n");
+        assert!(e.starts_with("f.toml: line 2, column 1: token: unknown field `token`"), "{e}");
+        assert!(!e.contains("ghp_SECRET"), "{e}");
+        let e = error("on = \"sk-\\\"SECRET\"\n");
+        assert!(e.contains(": on: invalid type: string \"...\", expected a boolean"), "{e}");
+        assert!(!e.contains("SECRET"), "{e}");
+        let long = format!("{} = 1\n", "k".repeat(5000));
+        assert!(error(&long).len() < 400, "long messages are cut");
+        assert_eq!(error("port = 80\n  on = 7\n").matches("line 2, column 8").count(), 1);
     }
 }

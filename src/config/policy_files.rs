@@ -169,8 +169,7 @@ fn compile(
     let mut pending_sandboxes: Vec<(&Source, Spanned<RawSandbox>)> = Vec::new();
 
     for src in sources {
-        let raw: RawPolicyFile =
-            toml::from_str(&src.text).map_err(|e| ConfigError::Toml { file: src.file.clone(), error: Box::new(e) })?;
+        let raw: RawPolicyFile = toml::from_str(&src.text).map_err(|e| ConfigError::toml(&src.file, &src.text, &e))?;
         for (name, def) in raw.policies {
             if !valid_name(&name) {
                 return Err(ConfigError::invalid(
