@@ -53,6 +53,9 @@ fn config_validate_cli() {
         ("[proxy]\nheader_read_timeout = \"ten\"\n", "line 2, column 23: proxy.header_read_timeout: invalid value"),
         ("[egress]\ndeny = [\"10.0.0.0/33\"]\n", "egress.deny[0]: expected"),
         ("[log]\nformat = \"xml\"\n", "log.format: expected"),
+        // A bare word is a target to tracing: it would have switched every line off.
+        ("[log]\nlevel = \"warning\"\n", "log.level: expected a level"),
+        ("[log]\nlevel = \"info,egress_gateway::dns=loud\"\n", "log.level: expected a level"),
         ("[log]\nflush_interval = \"5s\"\n", "log.flush_interval: expected at most 1s"),
         ("[proxy]\nthreads = 1000\n", "proxy.threads: expected 0 (one per CPU) to 256"),
         ("[policy]\ndir = \"missing\"\n", "policy.dir: expected a directory"),

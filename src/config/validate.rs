@@ -288,8 +288,14 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
             return Err(err("log.format", &format!("expected \"auto\", \"json\" or \"text\", got {other:?}")));
         }
     };
-    if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
-        return Err(err("log.level", &format!("expected a level such as \"info\", got {:?}", raw.log.level)));
+    if !log_level_ok(&raw.log.level) {
+        return Err(err(
+            "log.level",
+            &format!(
+                "expected a level (trace, debug, info, warn, error, off) or TARGET=LEVEL directives such as \"info,egress_gateway::dns=debug\", got {:?}",
+                raw.log.level
+            ),
+        ));
     }
     if raw.log.flush_interval > Duration::from_secs(1) {
         return Err(err(
@@ -412,4 +418,30 @@ pub fn clean_path(p: &Path) -> PathBuf {
         }
     }
     if out.as_os_str().is_empty() { PathBuf::from(".") } else { out }
+}
+
+/// A `log.level` filter whose every directive sets a level: a bare word that is not a
+/// level (`warning`) would parse as a target name and switch every log line off, the
+/// access log's too.
+fn log_level_ok(filter: &str) -> bool {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    let level = |l: &str| LEVELS.iter().any(|v| v.eq_ignore_ascii_case(l.trim()));
+    tracing_subscriber::EnvFilter::try_new(filter).is_ok()
+        && filter.split(',').all(|d| match d.rsplit_once('=') {
+            Some((target, l)) => !target.trim().is_empty() && level(l),
+            None => level(d),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_levels_must_set_a_level_in_every_directive() {
+        for ok in ["info", "WARN", "off", "info,egress_gateway::dns=debug", "egress_gateway=trace"] {
+            assert!(super::log_level_ok(ok), "{ok}");
+        }
+        for bad in ["warning", "verbose", "info,egress_gateway", "info,x=loud", "=info", ""] {
+            assert!(!super::log_level_ok(bad), "{bad}");
+        }
+    }
 }
