@@ -58,6 +58,8 @@ fn config_validate_cli() {
         ("[log]\nlevel = \"info,egress_gateway::dns=loud\"\n", "log.level: expected a level"),
         ("[log]\nflush_interval = \"5s\"\n", "log.flush_interval: expected at most 1s"),
         ("[proxy]\nthreads = 1000\n", "proxy.threads: expected 0 (one per CPU) to 256"),
+        // Counts that would panic a semaphore, or exhaust descriptors at start-up.
+        ("[proxy]\nmax_connections = 9223372036854775807\n", "proxy.max_connections: expected 1 to 1000000"),
         ("[policy]\ndir = \"missing\"\n", "policy.dir: expected a directory"),
         ("[tokens]\nexpiry_grace = \"soon\"\n", "tokens.expiry_grace: expected a duration such as \"60s\" or \"off\""),
         (

@@ -34,6 +34,11 @@ use crate::addr;
 use crate::policy::Mode;
 use crate::policy::net::{EgressFilter, builtin_deny};
 
+/// The most connections a count may allow (`proxy.max_connections`,
+/// `dns.tcp_max_connections`): each takes descriptors, and no process gets more than
+/// a few million of those.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The file this came from, for messages and relative paths.
@@ -198,8 +203,11 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     positive(file, "proxy.response_header_timeout", p.response_header_timeout)?;
     positive(file, "proxy.tunnel_idle_timeout", p.tunnel_idle_timeout)?;
     positive(file, "proxy.tcp_keepalive", p.tcp_keepalive)?;
-    if p.max_connections == 0 {
-        return Err(err("proxy.max_connections", &"expected at least 1"));
+    if !(1..=MAX_CONNECTIONS).contains(&p.max_connections) {
+        return Err(err(
+            "proxy.max_connections",
+            &format!("expected 1 to {MAX_CONNECTIONS}, got {}", p.max_connections),
+        ));
     }
     if !(MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&p.max_header_bytes) {
         return Err(err(

@@ -3,6 +3,9 @@
 #[allow(clippy::wildcard_imports, reason = "a section of validate.rs: its helpers and imports")]
 use super::*;
 
+/// The most UDP sockets `dns.udp_sockets` may ask for (each has a task of its own).
+const MAX_UDP_SOCKETS: usize = 256;
+
 /// What the DNS firewall answers for names that are not the gateway's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockMode {
@@ -89,8 +92,15 @@ pub(super) fn validate_dns(d: crate::config::raw::RawDns, file: &DisplayPath) ->
     if d.rate_limit_qps > 0 && d.rate_limit_burst == 0 {
         return Err(err("dns.rate_limit_burst", "expected at least 1 when dns.rate_limit_qps is set".into()));
     }
-    if d.tcp_max_connections == 0 {
-        return Err(err("dns.tcp_max_connections", "expected at least 1".into()));
+    if !(1..=super::MAX_CONNECTIONS).contains(&d.tcp_max_connections) {
+        let max = super::MAX_CONNECTIONS;
+        return Err(err("dns.tcp_max_connections", format!("expected 1 to {max}, got {}", d.tcp_max_connections)));
+    }
+    if d.udp_sockets > MAX_UDP_SOCKETS {
+        return Err(err(
+            "dns.udp_sockets",
+            format!("expected 0 (one per CPU) to {MAX_UDP_SOCKETS}, got {}", d.udp_sockets),
+        ));
     }
     positive(file, "dns.tcp_idle_timeout", d.tcp_idle_timeout)?;
     let answer = match d.answer.as_str() {
