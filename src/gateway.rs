@@ -200,14 +200,17 @@ impl Gateway {
         own.extend(dns.as_ref().and_then(|d| d.local_addr().ok()));
         own.extend(transparent.iter().filter_map(|(l, _)| l.local_addr().ok()));
         shared.resolver.set_own_listeners(own);
-        let limit_store = match &config.limits.store {
-            crate::config::LimitStore::Redis { url, password, ca } => Some(
-                crate::budget::store::Store::new(url, password.as_ref(), ca.as_deref())
-                    .map_err(|e| GatewayError::LimitStore(e.to_string()))?,
-            ),
-            crate::config::LimitStore::Local => None,
-        };
+        let limit_store = limit_store(config)?;
         Ok(Gateway { shared, proxy, admin, dns, transparent, limit_store })
+    }
+
+    /// Builds everything [`Gateway::bind`] builds but its listeners (keys, secrets,
+    /// certificates, upstream clients, the limit store's client), so that a config
+    /// that validates is one that serves. The loaded state, to report on.
+    pub fn check(config: Config) -> Result<Arc<Shared>, GatewayError> {
+        let shared = build_shared(config)?;
+        limit_store(&shared.config)?;
+        Ok(shared)
     }
 
     /// The transparent listeners' addresses, HTTPS then HTTP, where configured.
@@ -338,6 +341,18 @@ impl Gateway {
         let _ = admin_task.await;
         tracing::info!(clean = finished, "stopped");
         Ok(())
+    }
+}
+
+/// The shared limit store's client (`limits.store`), when there is one.
+fn limit_store(config: &Config) -> Result<Option<crate::budget::store::Store>, GatewayError> {
+    match &config.limits.store {
+        crate::config::LimitStore::Redis { url, password, ca } => {
+            crate::budget::store::Store::new(url, password.as_ref(), ca.as_deref())
+                .map(Some)
+                .map_err(|e| GatewayError::LimitStore(e.to_string()))
+        }
+        crate::config::LimitStore::Local => Ok(None),
     }
 }
 

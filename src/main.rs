@@ -54,8 +54,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }),
         Command::Config { command: ConfigCommand::Validate { config } } => {
             let cfg = load_or_demo(config)?.0;
-            let set = config::load_policies(&cfg)?;
-            eprintln!("{}: valid ({} policies, {} sandboxes)", cfg.file, set.policies.len(), set.sandboxes.len());
+            let file = cfg.file.clone();
+            // What serving builds before it binds: keys, secrets, certificates, clients.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let shared = rt.block_on(async move { Gateway::check(cfg) })?;
+            let state = shared.store.snapshot();
+            let (policies, sandboxes) = (state.policies.policies.len(), state.policies.sandboxes.len());
+            eprintln!("{file}: valid ({policies} policies, {sandboxes} sandboxes)");
             Ok(ExitCode::SUCCESS)
         }
         Command::Ca { command } => report(|out| match &command {

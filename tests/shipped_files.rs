@@ -75,6 +75,18 @@ fn config_validate_cli() {
         assert_eq!(out.status.code(), Some(2), "{text}: {err}");
         assert!(err.contains("bad.toml") && err.contains(expect), "{text}: {err}");
     }
+    // What serving reads at start-up is read by validate too: keys, secrets.
+    std::fs::create_dir_all(dir.path().join("p")).unwrap();
+    let path = dir.path().join("keys.toml");
+    std::fs::write(
+        &path,
+        "[policy]\ndir = \"p\"\n[[tokens.keys]]\nkid = \"k1\"\nalg = \"HS256\"\nsecret_file = \"missing.key\"\n",
+    )
+    .unwrap();
+    let out = bin().args(["config", "validate", "--config"]).arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("keys.toml: tokens.keys[0].secret_file: cannot read ") && err.contains("missing.key"), "{err}");
     // A secret given where TOML is expected (a key file as --config, a token pasted
     // into the wrong key) is never repeated: only where it went wrong, and why.
     for text in ["SUPERSECRET-0123456789abcdef\n", "[github]\ntoken = \"ghp_SUPERSECRET\"\n"] {
