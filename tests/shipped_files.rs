@@ -53,6 +53,15 @@ fn config_validate_cli() {
         ("[proxy]\nheader_read_timeout = \"ten\"\n", "line 2, column 23: proxy.header_read_timeout: invalid value"),
         ("[egress]\ndeny = [\"10.0.0.0/33\"]\n", "egress.deny[0]: expected"),
         ("[log]\nformat = \"xml\"\n", "log.format: expected"),
+        ("[egress]\npeer_suffix = \"com\"\n", "egress.peer_suffix: expected a domain name of two labels or more"),
+        (
+            "[proxy]\nallowed_clients = [\"builtin\"]\n",
+            "allowed_clients[0]: expected an IP address or a CIDR, got \"builtin\"",
+        ),
+        (
+            "[[tokens.keys]]\nkid = \"a\"\nalg = \"HS256\"\nsecret_env = \"X\"\n[[tokens.keys]]\nkid = \"a\"\nalg = \"HS256\"\nsecret_env = \"X\"\n",
+            "tokens.keys[1].kid: key id \"a\" is defined twice",
+        ),
         // A bare word is a target to tracing: it would have switched every line off.
         ("[log]\nlevel = \"warning\"\n", "log.level: expected a level"),
         ("[log]\nlevel = \"info,egress_gateway::dns=loud\"\n", "log.level: expected a level"),
@@ -86,7 +95,10 @@ fn config_validate_cli() {
     let out = bin().args(["config", "validate", "--config"]).arg(&path).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("keys.toml: tokens.keys[0].secret_file: cannot read ") && err.contains("missing.key"), "{err}");
+    assert!(
+        err.contains("keys.toml: tokens.keys[0].secret_file: cannot read ") && err.contains("missing.key"),
+        "{err}"
+    );
     // A secret given where TOML is expected (a key file as --config, a token pasted
     // into the wrong key) is never repeated: only where it went wrong, and why.
     for text in ["SUPERSECRET-0123456789abcdef\n", "[github]\ntoken = \"ghp_SUPERSECRET\"\n"] {

@@ -32,7 +32,11 @@ pub fn run(config_path: Option<&PathBuf>, deny_warnings: bool, out: &mut dyn Wri
     };
     let warnings = lint(&cfg, &set);
     for w in &warnings {
-        writeln!(out, "warning: {}: {}: {}", w.location, w.subject, w.message)?;
+        // A policy with no rules has no line to point at: its name says where.
+        match w.location.as_str() {
+            "" => writeln!(out, "warning: {}: {}", w.subject, w.message)?,
+            at => writeln!(out, "warning: {at}: {}: {}", w.subject, w.message)?,
+        }
     }
     writeln!(out, "0 errors, {} warnings", warnings.len())?;
     Ok(if deny_warnings && !warnings.is_empty() { 1 } else { 0 })

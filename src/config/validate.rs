@@ -343,7 +343,8 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         if d == "builtin" {
             deny.extend(builtin_deny());
         } else {
-            deny.push(parse_net(d).map_err(|m| err(&format!("egress.deny[{i}]"), &m))?);
+            let m = |m: String| err(&format!("egress.deny[{i}]"), &m.replace("expected ", "expected \"builtin\", "));
+            deny.push(parse_net(d).map_err(m)?);
         }
     }
     let mut allow = Vec::new();
@@ -353,9 +354,16 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     if raw.egress.ports.contains(&0) {
         return Err(err("egress.ports", &"expected ports 1-65535, got 0"));
     }
-    let peer_suffix = addr::normalize_hostname(&raw.egress.peer_suffix).map_err(|e| {
-        err("egress.peer_suffix", &format!("expected a domain name, got {:?}: {e}", raw.egress.peer_suffix))
-    })?;
+    let peer_suffix = addr::normalize_hostname(&raw.egress.peer_suffix)
+        .map_err(|e| e.to_string())
+        // One label (`com`) would make every `X.com` a peer name.
+        .and_then(|s| if s.contains('.') { Ok(s) } else { Err("it has one label".into()) })
+        .map_err(|e| {
+            err(
+                "egress.peer_suffix",
+                &format!("expected a domain name of two labels or more, got {:?}: {e}", raw.egress.peer_suffix),
+            )
+        })?;
     let egress = EgressConfig { filter: EgressFilter::new(deny, allow), ports: raw.egress.ports, peer_suffix };
 
     let dir = PathBuf::from(&raw.policy.dir);
@@ -408,7 +416,7 @@ fn positive(file: &DisplayPath, key: &str, d: Duration) -> Result<(), ConfigErro
 fn parse_net(s: &str) -> Result<IpNet, String> {
     s.parse::<IpNet>()
         .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| format!("expected \"builtin\", an IP address or a CIDR, got {s:?}"))
+        .map_err(|_| format!("expected an IP address or a CIDR, got {s:?}"))
 }
 
 /// Removes `.` and resolvable `..` components lexically, so messages show

@@ -64,6 +64,8 @@ pub enum RuleError {
     Net(String),
     #[error("invalid host: {0}")]
     Host(AddrError),
+    #[error("a rule is HOST[:PORT], not a URL: write {0:?}")]
+    Url(String),
 }
 
 /// Parses one rule string.
@@ -71,6 +73,12 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
     let text = text.trim();
     if text.is_empty() {
         return Err(RuleError::Empty);
+    }
+    // `https://example.com/path`: say what to write instead.
+    if let Some((_, rest)) = text.split_once("://") {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let authority = authority.rsplit('@').next().unwrap_or_default();
+        return Err(RuleError::Url(authority.to_string()));
     }
     let (host, port) = split_port(text)?;
     let ports = match port {
@@ -180,5 +188,10 @@ mod tests {
         for bad in ["", "*", "*:443", "a.*.com", "*a.com", "a.com:0", "a.com:x", "10.0.0.1/8", "127.1", "[::1", "a b"] {
             assert!(parse_rule(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(
+            parse_rule("https://example.com/x").unwrap_err().to_string(),
+            r#"a rule is HOST[:PORT], not a URL: write "example.com""#
+        );
+        assert_eq!(parse_rule("http://u@a.test:8080?q").unwrap_err(), RuleError::Url("a.test:8080".into()));
     }
 }

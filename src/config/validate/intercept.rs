@@ -103,12 +103,11 @@ pub(super) fn validate_secrets(
         let valid = !s.name.is_empty()
             && s.name.len() <= 64
             && s.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !valid || out.iter().any(|o| o.name == s.name) {
-            return Err(ConfigError::invalid(
-                file,
-                key("name"),
-                "expected a unique name of letters, digits, '-' or '_'",
-            ));
+        if !valid {
+            return Err(ConfigError::invalid(file, key("name"), "expected a name of letters, digits, '-' or '_'"));
+        }
+        if let Some(j) = out.iter().position(|o| o.name == s.name) {
+            return Err(ConfigError::invalid(file, key("name"), format!("{:?} is already secrets[{j}].name", s.name)));
         }
         // One placeholder must never be the start of another: `EGRESS_SECRET_a` would
         // be found inside `EGRESS_SECRET_ab`.

@@ -32,12 +32,11 @@ pub(super) fn validate_routes(
         let valid_name = !r.name.is_empty()
             && r.name.len() <= 64
             && r.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !valid_name || out.iter().any(|o| o.name == r.name) {
-            return Err(ConfigError::invalid(
-                file,
-                key("name"),
-                "expected a unique name of letters, digits, '-' or '_'",
-            ));
+        if !valid_name {
+            return Err(ConfigError::invalid(file, key("name"), "expected a name of letters, digits, '-' or '_'"));
+        }
+        if let Some(j) = out.iter().position(|o| o.name == r.name) {
+            return Err(ConfigError::invalid(file, key("name"), format!("{:?} is already routes[{j}].name", r.name)));
         }
         let upstream: http::Uri = r.upstream.trim_end_matches('/').parse().map_err(|_| {
             ConfigError::invalid(file, key("upstream"), format!("expected https://HOST, got {:?}", r.upstream))

@@ -54,8 +54,11 @@ pub(super) fn validate_tokens(
     let mut seen = std::collections::HashSet::new();
     for (i, k) in t.keys.into_iter().enumerate() {
         let key = |name: &str| format!("tokens.keys[{i}].{name}");
-        if k.kid.is_empty() || !seen.insert(k.kid.clone()) {
-            return Err(ConfigError::invalid(file, key("kid"), "expected a unique, non-empty key id"));
+        if k.kid.is_empty() {
+            return Err(ConfigError::invalid(file, key("kid"), "expected a non-empty key id"));
+        }
+        if !seen.insert(k.kid.clone()) {
+            return Err(ConfigError::invalid(file, key("kid"), format!("key id {:?} is defined twice", k.kid)));
         }
         let alg = match k.alg.as_str() {
             "HS256" => KeyAlg::Hs256,
