@@ -409,3 +409,22 @@ fn keep_alive_requests_are_checked_again_when_the_answer_could_change() {
     let resp = get(&mut s, "sbx-a", support::TOKEN_A);
     assert_eq!(status(&resp), 407, "{resp}");
 }
+
+#[test]
+fn an_eddsa_private_key_from_another_pair_is_a_config_error() {
+    let keys = Keys::new();
+    let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    std::fs::write(keys.dir.path().join("ed.key"), other.serialize_pem()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("p")).unwrap();
+    let cfg = dir.path().join("gw.toml");
+    std::fs::write(&cfg, format!("[policy]\ndir = \"p\"\n{}", keys.section(true))).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        .args(["config", "validate", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("tokens.keys[1].private_key_file: expected the private half of public_key_file"), "{err}");
+}

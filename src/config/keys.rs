@@ -63,6 +63,19 @@ pub fn load_verifier(config: &Config) -> Result<Verifier, ConfigError> {
                     }
                     None => None,
                 };
+                // The two halves must be one pair, or `token mint` issues tokens that
+                // this very key refuses.
+                if let Some(encoding) = &encoding {
+                    let probe = b"egress-gateway key pair probe";
+                    let pair = jsonwebtoken::crypto::sign(probe, encoding, Algorithm::EdDSA)
+                        .and_then(|sig| jsonwebtoken::crypto::verify(&sig, probe, &decoding, Algorithm::EdDSA));
+                    if !matches!(pair, Ok(true)) {
+                        return Err(err(
+                            at("private_key_file"),
+                            "expected the private half of public_key_file: a token it signs does not verify".into(),
+                        ));
+                    }
+                }
                 Key { alg: Algorithm::EdDSA, decoding, encoding, fingerprint: Key::fingerprint_of(&pem) }
             }
         };
