@@ -41,6 +41,10 @@ pub fn client_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, St
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
             .and_then(|it| it.collect::<Result<Vec<_>, _>>())
             .map_err(|e| format!("{}: expected PEM certificates: {e}", path.display()))?;
+        if certs.is_empty() {
+            // A file of anything else would have left only the system's roots.
+            return Err(format!("{}: expected PEM certificates, found none", path.display()));
+        }
         for c in certs {
             roots.add(c).map_err(|e| format!("{}: {e}", path.display()))?;
         }

@@ -312,10 +312,15 @@ fn budget_config_errors_name_the_file_and_key() {
         let err = validate(&format!("[policies.p]\nallow = []\n{text}"), "").expect(text);
         assert!(err.contains("p.toml") && err.contains(key) && err.contains(what), "{text}: {err}");
     }
+    std::fs::write(dir.path().join("empty"), "\n").unwrap();
     for (store, what) in [
         ("store = \"memcached://x\"", "limits.store"),
         ("store = \"redis://user:secret@127.0.0.1:1/0\"", "redis_password_file"),
         ("on_store_error = \"maybe\"", "limits.on_store_error"),
+        // A Redis setting beside the local store: the store line was lost.
+        ("redis_password_file = \"p\"", "limits.redis_password_file: only with a Redis store"),
+        ("redis_ca_file = \"ca.pem\"", "limits.redis_ca_file: only with a Redis store"),
+        ("store = \"redis://127.0.0.1:1/0\"\nredis_password_file = \"empty\"", "empty: expected the password"),
     ] {
         let err = validate("[policies.p]\nallow = []\n", &format!("[limits]\n{store}\n")).expect(store);
         assert!(err.contains(what), "{store}: {err}");

@@ -70,6 +70,12 @@ fn config_validate_cli() {
         // Counts that would panic a semaphore, or exhaust descriptors at start-up.
         ("[proxy]\nmax_connections = 9223372036854775807\n", "proxy.max_connections: expected 1 to 1000000"),
         ("[policy]\ndir = \"missing\"\n", "policy.dir: expected a directory"),
+        // Durations: one that would overflow a clock, one the kernel refuses, a busy loop.
+        ("[proxy]\nconnect_timeout = \"100000y\"\n", "proxy.connect_timeout: expected a duration from 1ms to 365d"),
+        ("[drain]\ndelay = \"100000y\"\n", "drain.delay: expected a duration from 0s to 365d"),
+        ("[proxy]\ntcp_keepalive = \"10h\"\n", "proxy.tcp_keepalive: expected a duration from 1s to 9h, got 10h"),
+        ("[policy]\nwatch_interval = \"1ns\"\n", "policy.watch_interval: expected a duration from 100ms"),
+        ("[tokens]\nleeway = \"2h\"\n", "tokens.leeway: expected a duration from 0s to 1h"),
         ("[tokens]\nexpiry_grace = \"soon\"\n", "tokens.expiry_grace: expected a duration such as \"60s\" or \"off\""),
         (
             "[dns]\nhostnames = [\"gw.internal\"]\naddresses = [\"10.0.0.1\"]\ntcp_max_per_client = 0\n",

@@ -202,7 +202,9 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     positive(file, "proxy.connect_timeout", p.connect_timeout)?;
     positive(file, "proxy.response_header_timeout", p.response_header_timeout)?;
     positive(file, "proxy.tunnel_idle_timeout", p.tunnel_idle_timeout)?;
-    positive(file, "proxy.tcp_keepalive", p.tcp_keepalive)?;
+    // The kernel takes whole seconds, at most 32767 (TCP_KEEPIDLE); outside that the
+    // option was refused and connections went without keepalive.
+    within(file, "proxy.tcp_keepalive", p.tcp_keepalive, Duration::from_secs(1), Duration::from_secs(9 * 3600))?;
     if !(1..=MAX_CONNECTIONS).contains(&p.max_connections) {
         return Err(err(
             "proxy.max_connections",
@@ -370,11 +372,17 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     let dir = if dir.is_absolute() { dir } else { clean_path(&base_dir.join(dir)) };
     let shadow = raw.policy.shadow_dir.map(|d| clean_path(&base_dir.join(d)));
     let watch_interval = (!raw.policy.watch_interval.is_zero()).then_some(raw.policy.watch_interval);
+    if let Some(w) = watch_interval {
+        // Below this the watcher would stat the policy files in a busy loop.
+        within(file, "policy.watch_interval", w, Duration::from_millis(100), MAX_DURATION)?;
+    }
     let policy = PolicyConfig { source: PolicySource::Dir(dir), mode: raw.policy.mode, shadow, watch_interval };
 
     let dns = raw.dns.map(|d| dns::validate_dns(d, file)).transpose()?;
     let admin = admin::validate_admin(raw.admin, file, base_dir)?;
 
+    within(file, "drain.delay", raw.drain.delay, Duration::ZERO, MAX_DURATION)?;
+    within(file, "drain.timeout", raw.drain.timeout, Duration::ZERO, MAX_DURATION)?;
     let drain = DrainConfig { delay: raw.drain.delay, timeout: raw.drain.timeout };
     let tokens = tokens::validate_tokens(raw.tokens, file, base_dir)?;
     let github = github::validate_github(raw.github, file, base_dir)?;
@@ -406,11 +414,39 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     })
 }
 
+/// The longest any duration key may be: longer than any timeout an operator means, and
+/// short enough that a clock plus it cannot overflow (which would panic).
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A timeout: from 1ms to [`MAX_DURATION`].
 fn positive(file: &DisplayPath, key: &str, d: Duration) -> Result<(), ConfigError> {
-    if d.is_zero() {
-        return Err(ConfigError::invalid(file, key, "expected a duration above zero, such as \"10s\""));
+    within(file, key, d, Duration::from_millis(1), MAX_DURATION)
+}
+
+/// `d` from `min` to `max`, both included; otherwise an error naming the key, the range
+/// and what was given.
+fn within(file: &DisplayPath, key: &str, d: Duration, min: Duration, max: Duration) -> Result<(), ConfigError> {
+    if d < min || d > max {
+        return Err(ConfigError::invalid(
+            file,
+            key,
+            format!("expected a duration from {} to {}, got {}", bound(min), bound(max), humantime::format_duration(d)),
+        ));
     }
     Ok(())
+}
+
+/// A range end in the largest whole unit ("365d", not humantime's "11months 30days ...").
+fn bound(d: Duration) -> String {
+    let s = d.as_secs();
+    match () {
+        _ if d.is_zero() => "0s".into(),
+        _ if d.subsec_nanos() != 0 => humantime::format_duration(d).to_string(),
+        _ if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        _ if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        _ if s.is_multiple_of(60) => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
 }
 
 fn parse_net(s: &str) -> Result<IpNet, String> {

@@ -70,6 +70,8 @@ pub(super) fn validate_github(
         token_files.insert(owner.to_ascii_lowercase(), p);
     }
     positive(file, "github.idle_timeout", g.idle_timeout)?;
+    // Installation tokens live an hour; renewing them an hour early renews on every use.
+    within(file, "github.refresh_before", g.refresh_before, Duration::ZERO, Duration::from_secs(50 * 60))?;
     Ok(GithubConfig {
         web_url,
         web_host,

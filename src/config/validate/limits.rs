@@ -50,6 +50,15 @@ pub(super) fn validate_limits(
         return Err(ConfigError::invalid(file, "limits.sync_interval", "expected a duration from 10ms to 10s"));
     }
     let store = if l.store == "local" {
+        // A Redis password or CA beside a local store means the store line was lost.
+        for (key, set) in [
+            ("limits.redis_password_file", l.redis_password_file.is_some()),
+            ("limits.redis_ca_file", l.redis_ca_file.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::invalid(file, key, "only with a Redis store: set limits.store to its URL"));
+            }
+        }
         LimitStore::Local
     } else if l.store.starts_with("redis://") || l.store.starts_with("rediss://") {
         let url = http::Uri::try_from(l.store.as_str()).ok();
@@ -78,6 +87,13 @@ pub(super) fn validate_limits(
                         format!("cannot read {}: {e}", path.display()),
                     )
                 })?;
+                if text.trim().is_empty() {
+                    return Err(ConfigError::invalid(
+                        file,
+                        "limits.redis_password_file",
+                        format!("{} is empty: expected the password", path.display()),
+                    ));
+                }
                 Some(crate::secret::Secret::new(text.trim()))
             }
             None => None,

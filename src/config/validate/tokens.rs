@@ -39,6 +39,8 @@ pub(super) fn validate_tokens(
     base_dir: &Path,
 ) -> Result<TokensConfig, ConfigError> {
     positive(file, "tokens.max_ttl", t.max_ttl)?;
+    // More skew than this would make `exp` meaningless.
+    within(file, "tokens.leeway", t.leeway, Duration::ZERO, Duration::from_secs(3600))?;
     let expiry_grace = match t.expiry_grace.trim() {
         "off" => None,
         v => Some(humantime::parse_duration(v).map_err(|e| {
@@ -49,6 +51,9 @@ pub(super) fn validate_tokens(
             )
         })?),
     };
+    if let Some(g) = expiry_grace {
+        within(file, "tokens.expiry_grace", g, Duration::ZERO, MAX_DURATION)?;
+    }
     let path = |p: &PathBuf| clean_path(&base_dir.join(p));
     let mut keys = Vec::with_capacity(t.keys.len());
     let mut seen = std::collections::HashSet::new();
