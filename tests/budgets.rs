@@ -321,6 +321,8 @@ fn budget_config_errors_name_the_file_and_key() {
         ("redis_password_file = \"p\"", "limits.redis_password_file: only with a Redis store"),
         ("redis_ca_file = \"ca.pem\"", "limits.redis_ca_file: only with a Redis store"),
         ("store = \"redis://127.0.0.1:1/0\"\nredis_password_file = \"empty\"", "empty: expected the password"),
+        // What the Redis client refuses is a config error naming the key, not a start-up one.
+        ("store = \"redis://127.0.0.1:1/zero\"", "limits.store: expected redis://HOST:PORT/DB"),
     ] {
         let err = validate("[policies.p]\nallow = []\n", &format!("[limits]\n{store}\n")).expect(store);
         assert!(err.contains(what), "{store}: {err}");

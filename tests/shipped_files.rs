@@ -81,7 +81,16 @@ fn config_validate_cli() {
             "[dns]\nhostnames = [\"gw.internal\"]\naddresses = [\"10.0.0.1\"]\ntcp_max_per_client = 0\n",
             "dns.tcp_max_per_client: expected at least 1",
         ),
+        // A static token file is read on each clone, and checked at start-up.
+        ("[github.token_files]\nacme = \"missing.token\"\n", "github.token_files.acme: cannot read"),
+        ("[github.token_files]\nacme = \"empty.token\"\n", "empty.token is empty: expected the token"),
+        (
+            "[github.token_files]\nacme = \"full.token\"\nAcme = \"full.token\"\n",
+            "names an owner another entry names (owners ignore case)",
+        ),
     ];
+    std::fs::write(dir.path().join("empty.token"), "\n").unwrap();
+    std::fs::write(dir.path().join("full.token"), "ghs_NEVER_SHOWN\n").unwrap();
     for (text, expect) in cases {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, text).unwrap();
@@ -89,6 +98,7 @@ fn config_validate_cli() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{text}: {err}");
         assert!(err.contains("bad.toml") && err.contains(expect), "{text}: {err}");
+        assert!(!err.contains("NEVER_SHOWN"), "a token is echoed: {err}");
     }
     // What serving reads at start-up is read by validate too: keys, secrets.
     std::fs::create_dir_all(dir.path().join("p")).unwrap();

@@ -26,7 +26,7 @@ impl ConfigError {
         let before = text.get(..at).unwrap_or(text);
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        let mut message = without_strings(e.message().trim());
+        let mut message = in_toml_words(without_strings(e.message().trim()));
         if let Some(key) = key_at(text, line) {
             message = format!("{key}: {message}");
         }
@@ -89,6 +89,40 @@ fn key_at(text: &str, line: usize) -> Option<String> {
         Some(t) => format!("{t}.{key}"),
         None => key.to_string(),
     })
+}
+
+/// serde's names for the Rust types a value must fit, at the end of its messages
+/// (`invalid value: integer `-1`, expected u16`), in the words of a TOML file.
+const TOML_WORDS: &[(&str, &str)] = &[
+    ("u8", "a whole number from 0 to 255"),
+    ("u16", "a whole number from 0 to 65535"),
+    ("u32", "a whole number from 0 to 4294967295"),
+    ("u64", "a whole number, 0 or more"),
+    ("usize", "a whole number, 0 or more"),
+    ("i32", "a whole number"),
+    ("i64", "a whole number"),
+    ("f32", "a number"),
+    ("f64", "a number"),
+    ("a sequence", "an array"),
+    ("a map", "a table"),
+];
+
+/// `msg` with a Rust type it ends on ([`TOML_WORDS`], `struct RawProxy`) said as
+/// TOML would say it.
+fn in_toml_words(msg: String) -> String {
+    let (head, expected) = match msg.rsplit_once(", expected ") {
+        Some((head, expected)) => (format!("{head}, "), expected),
+        None => match msg.strip_prefix("expected ") {
+            Some(expected) => (String::new(), expected),
+            None => return msg,
+        },
+    };
+    let plain = match TOML_WORDS.iter().find(|(rust, _)| *rust == expected) {
+        Some((_, words)) => words,
+        None if expected.starts_with("struct ") => "a table",
+        None => return msg,
+    };
+    format!("{head}expected {plain}")
 }
 
 /// `msg` with the string values serde quotes (`invalid type: string "...", expected
@@ -155,5 +189,25 @@ mod tests {
         let long = format!("{} = 1\n", "k".repeat(5000));
         assert!(error(&long).len() < 400, "long messages are cut");
         assert_eq!(error("port = 80\n  on = 7\n").matches("line 2, column 8").count(), 1);
+    }
+
+    #[test]
+    fn toml_errors_say_what_a_value_must_be_in_toml_words() {
+        let e = error("port = -1\n");
+        assert!(e.ends_with("port: invalid value: integer `-1`, expected a whole number from 0 to 65535"), "{e}");
+        let e = error("port = \"80\"\n");
+        assert!(e.ends_with("expected a whole number from 0 to 65535"), "{e}");
+        assert!(!e.contains("u16"), "{e}");
+        assert_eq!(
+            in_toml_words("invalid type: integer `5`, expected struct RawProxy".into()),
+            "invalid type: integer `5`, expected a table"
+        );
+        assert_eq!(
+            in_toml_words("invalid type: string \"...\", expected a sequence".into()),
+            "invalid type: string \"...\", expected an array"
+        );
+        assert_eq!(in_toml_words("expected usize".into()), "expected a whole number, 0 or more");
+        let other = "unknown field `x`, expected one of `a`, `b`";
+        assert_eq!(in_toml_words(other.into()), other, "anything else is left as it was");
     }
 }

@@ -146,8 +146,34 @@ pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(files)
 }
 
+/// Entries of `dir` that look meant as policy files but are not loaded: a `*.toml`
+/// that is not a regular file (a directory, a broken link) or an extension in the
+/// wrong case (`p.TOML`). Other names (`README.md`, `p.toml.off`) are left alone.
+fn look_like_policies(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut odd: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| match p.extension().and_then(|x| x.to_str()) {
+            Some("toml") => !p.is_file(),
+            Some(x) => x.eq_ignore_ascii_case("toml"),
+            None => false,
+        })
+        .collect();
+    odd.sort();
+    odd
+}
+
+/// Loads `dir`'s policy files, warning about what an operator would not expect to be
+/// skipped (every reload warns again, so the warning is seen).
 fn read_dir(dir: &Path) -> Result<Vec<Source>, ConfigError> {
-    policy_files(dir)?
+    let files = policy_files(dir)?;
+    for path in look_like_policies(dir) {
+        tracing::warn!(file = %path.display(), "not loaded: policy files are regular files named *.toml");
+    }
+    if files.is_empty() {
+        tracing::warn!(dir = %dir.display(), "no *.toml policy files: every sandbox is refused");
+    }
+    files
         .into_iter()
         .map(|path| {
             let text =
@@ -396,6 +422,20 @@ mod tests {
     }
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn files_that_look_like_policies_but_are_skipped_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["a.toml", "b.TOML", "README.md", "c.toml.off"] {
+            std::fs::write(dir.path().join(f), "").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("d.toml")).unwrap();
+        let names = |v: Vec<PathBuf>| {
+            v.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect::<Vec<_>>()
+        };
+        assert_eq!(names(policy_files(dir.path()).unwrap()), ["a.toml"]);
+        assert_eq!(names(look_like_policies(dir.path())), ["b.TOML", "d.toml"]);
+    }
 
     #[test]
     fn loads_and_links_sandboxes() {

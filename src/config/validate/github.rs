@@ -65,9 +65,20 @@ pub(super) fn validate_github(
     };
     let mut token_files = HashMap::new();
     for (owner, f) in g.token_files {
-        let p = path(&f)
-            .ok_or_else(|| ConfigError::invalid(file, format!("github.token_files.{owner}"), "expected a file"))?;
-        token_files.insert(owner.to_ascii_lowercase(), p);
+        let key = format!("github.token_files.{owner}");
+        let p = path(&f).ok_or_else(|| ConfigError::invalid(file, &key, "expected a file"))?;
+        // Read again on every use (a rotated token needs no reload); here only to fail
+        // at start-up rather than on the first clone. The token itself is never shown.
+        match std::fs::read_to_string(&p) {
+            Err(e) => return Err(ConfigError::invalid(file, key, format!("cannot read {}: {e}", p.display()))),
+            Ok(t) if t.trim().is_empty() => {
+                return Err(ConfigError::invalid(file, key, format!("{} is empty: expected the token", p.display())));
+            }
+            Ok(_) => {}
+        }
+        if token_files.insert(owner.to_ascii_lowercase(), p).is_some() {
+            return Err(ConfigError::invalid(file, key, "names an owner another entry names (owners ignore case)"));
+        }
     }
     positive(file, "github.idle_timeout", g.idle_timeout)?;
     // Installation tokens live an hour; renewing them an hour early renews on every use.

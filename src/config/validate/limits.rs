@@ -77,6 +77,11 @@ pub(super) fn validate_limits(
                 "the URL holds a password: put it in limits.redis_password_file instead",
             ));
         }
+        // What the Redis client itself refuses (a database that is not a number, an
+        // unknown query option) is named here, with the file and key, not at start-up.
+        if let Err(e) = redis::IntoConnectionInfo::into_connection_info(l.store.as_str()) {
+            return Err(ConfigError::invalid(file, "limits.store", format!("expected redis://HOST:PORT/DB: {e}")));
+        }
         let password = match &l.redis_password_file {
             Some(p) => {
                 let path = base_dir.join(p);
