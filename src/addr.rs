@@ -167,13 +167,15 @@ fn looks_numeric(s: &str) -> bool {
 /// Strict dotted-quad: four decimal octets, no leading zeros, no trailing dot.
 pub fn parse_dotted_quad(s: &str) -> Result<Ipv4Addr, AddrError> {
     let mut octets = [0u8; 4];
-    let mut parts = s.split('.');
+    let mut parts = s.as_bytes().split(|&b| b == b'.');
     for octet in &mut octets {
         let p = parts.next().ok_or(AddrError::InvalidIpLiteral)?;
-        if p.is_empty() || p.len() > 3 || (p.len() > 1 && p.starts_with('0')) {
+        // Digits only (`u8::from_str` would take a sign: `+1`).
+        if p.is_empty() || p.len() > 3 || (p.len() > 1 && p[0] == b'0') || !p.iter().all(u8::is_ascii_digit) {
             return Err(AddrError::InvalidIpLiteral);
         }
-        *octet = p.parse::<u8>().map_err(|_| AddrError::InvalidIpLiteral)?;
+        let n = p.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
+        *octet = u8::try_from(n).map_err(|_| AddrError::InvalidIpLiteral)?;
     }
     if parts.next().is_some() {
         return Err(AddrError::InvalidIpLiteral);
@@ -271,6 +273,11 @@ mod tests {
         ] {
             assert!(host(bad).is_err(), "{bad} must be rejected");
         }
+        // Policy rules parse addresses with it directly, without `looks_numeric` first.
+        for bad in ["1.2.3.+4", "+1.2.3.4", "1.2.3.-0", "1.2.3. 4", "1..3.4", "1.2.3.999", "1.2.3.4."] {
+            assert!(parse_dotted_quad(bad).is_err(), "{bad} must be rejected");
+        }
+        assert_eq!(parse_dotted_quad("255.0.10.9"), Ok(Ipv4Addr::new(255, 0, 10, 9)));
     }
 
     #[test]

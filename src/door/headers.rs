@@ -3,8 +3,11 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Typed names: removing by a standard name hashes no string.
-const HOP_BY_HOP: [HeaderName; 9] = [
+const HOPS: usize = 9;
+
+/// Typed names: removing by a standard name hashes no string. A `static`, not a
+/// `const`: a const array of names would be built and dropped at every use.
+static HOP_BY_HOP: [HeaderName; HOPS] = [
     header::CONNECTION,
     HeaderName::from_static("proxy-connection"),
     HeaderName::from_static("keep-alive"),
@@ -68,10 +71,19 @@ fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
 /// transfer coding decides its length, and it is sent on with the gateway's own
 /// framing, which a stale length would cut short).
 pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
-    if h.contains_key(header::TRANSFER_ENCODING) {
+    // One pass over the head's names finds which are here (most heads carry none, or
+    // only `Proxy-Authorization`): a lookup per name would hash nine names each time.
+    let mut found = [false; HOPS];
+    for k in h.keys() {
+        if let Some(i) = hop_by_hop_index(k.as_str()) {
+            found[i] = true;
+        }
+    }
+    let has = |name: &str| hop_by_hop_index(name).is_some_and(|i| found[i]);
+    if has("transfer-encoding") {
         h.remove(header::CONTENT_LENGTH);
     }
-    if h.contains_key(header::CONNECTION) {
+    if has("connection") {
         let named: Vec<HeaderName> = connection_tokens(h)
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
             .filter(|n| !(keep_upgrade && n == header::UPGRADE))
@@ -80,14 +92,32 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
             h.remove(n);
         }
     }
-    let upgrade = if keep_upgrade { h.get(header::UPGRADE).cloned() } else { None };
-    for n in &HOP_BY_HOP {
+    let upgrade = if keep_upgrade && has("upgrade") { h.get(header::UPGRADE).cloned() } else { None };
+    for (n, _) in HOP_BY_HOP.iter().zip(found).filter(|(_, f)| *f) {
         h.remove(n);
     }
     if let Some(u) = upgrade {
         h.insert(header::UPGRADE, u);
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
+}
+
+/// Where `name` (lower case, as a `HeaderMap` holds it) is in [`HOP_BY_HOP`]: a match
+/// on the text, which compiles to a length switch, where comparing typed names would
+/// take nine calls per field.
+fn hop_by_hop_index(name: &str) -> Option<usize> {
+    Some(match name {
+        "connection" => 0,
+        "proxy-connection" => 1,
+        "keep-alive" => 2,
+        "proxy-authorization" => 3,
+        "proxy-authenticate" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        _ => return None,
+    })
 }
 
 /// Fields only the gateway writes (on its refusals and budget answers).
@@ -112,8 +142,11 @@ pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: 
 
 /// Removes the fields only the gateway writes from an upstream's head or trailers.
 pub fn strip_gateway_fields(h: &mut HeaderMap) {
-    for name in GATEWAY_ONLY {
-        h.remove(name);
+    // Almost never present: look for them in one pass rather than hash each name.
+    if h.keys().any(|k| GATEWAY_ONLY.contains(&k.as_str())) {
+        for name in GATEWAY_ONLY {
+            h.remove(name);
+        }
     }
 }
 
@@ -137,6 +170,14 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn the_index_of_each_hop_by_hop_name_is_its_place_in_the_list() {
+        for (i, n) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_index(n.as_str()), Some(i), "{n}");
+        }
+        assert_eq!(hop_by_hop_index("accept"), None);
     }
 
     #[test]
