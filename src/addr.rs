@@ -273,7 +273,7 @@ mod tests {
         ] {
             assert!(host(bad).is_err(), "{bad} must be rejected");
         }
-        // Policy rules parse addresses with it directly, without `looks_numeric` first.
+        // It is public: strict on its own, whatever its callers check first.
         for bad in ["1.2.3.+4", "+1.2.3.4", "1.2.3.-0", "1.2.3. 4", "1..3.4", "1.2.3.999", "1.2.3.4."] {
             assert!(parse_dotted_quad(bad).is_err(), "{bad} must be rejected");
         }
