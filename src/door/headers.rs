@@ -24,7 +24,8 @@ static HOP_BY_HOP: [HeaderName; HOPS] = [
 pub fn rule_headers(h: &HeaderMap) -> Vec<(String, String)> {
     // Hop-by-hop headers, and any the client nominates in `Connection`, are not sent
     // on: a rule must not match on them.
-    let nominated: Vec<String> = connection_tokens(h).map(str::to_ascii_lowercase).collect();
+    let nominated: Vec<String> =
+        connection_tokens(h).map(|t| String::from_utf8_lossy(t).to_ascii_lowercase()).collect();
     h.iter()
         .filter(|(k, _)| !HOP_BY_HOP.contains(k) && !nominated.iter().any(|n| n == k.as_str()))
         .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
@@ -53,15 +54,16 @@ pub fn unjudged_framing(method: &http::Method, h: &HeaderMap, has_body: bool) ->
 }
 
 pub fn is_upgrade(h: &HeaderMap) -> bool {
-    h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case("upgrade"))
+    h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case(b"upgrade"))
 }
 
-fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
+/// The names `Connection` lists, as bytes: a value with a byte that is not visible
+/// ASCII (`x-foo, \xff`) still nominates the names it holds.
+fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &[u8]> {
     h.get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty())
 }
 
@@ -85,7 +87,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     }
     if has("connection") {
         let named: Vec<HeaderName> = connection_tokens(h)
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
             .filter(|n| !(keep_upgrade && n == header::UPGRADE))
             .collect();
         for n in named {
@@ -178,6 +180,24 @@ mod tests {
             assert_eq!(hop_by_hop_index(n.as_str()), Some(i), "{n}");
         }
         assert_eq!(hop_by_hop_index("accept"), None);
+    }
+
+    #[test]
+    fn a_name_in_connection_goes_even_beside_a_byte_that_is_not_ascii() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_bytes(b"x-foo, \xff").unwrap());
+        h.insert("x-foo", HeaderValue::from_static("1"));
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn gateway_only_names_are_lower_case_as_header_maps_hold_them() {
+        for n in GATEWAY_ONLY {
+            assert_eq!(n, n.to_ascii_lowercase(), "strip_gateway_fields compares names as text");
+        }
     }
 
     #[test]
