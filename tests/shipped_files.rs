@@ -81,6 +81,10 @@ fn config_validate_cli() {
             "[dns]\nhostnames = [\"gw.internal\"]\naddresses = [\"10.0.0.1\"]\ntcp_max_per_client = 0\n",
             "dns.tcp_max_per_client: expected at least 1",
         ),
+        (
+            "[resolver.hosts]\n\"a.test\" = [\"127.0.0.1\"]\n\"A.test.\" = [\"127.0.0.2\"]\n",
+            "names a host another entry names",
+        ),
         // A static token file is read on each clone, and checked at start-up.
         ("[github.token_files]\nacme = \"missing.token\"\n", "github.token_files.acme: cannot read"),
         ("[github.token_files]\nacme = \"empty.token\"\n", "empty.token is empty: expected the token"),

@@ -335,7 +335,11 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         if ips.is_empty() {
             return Err(err(&key, &"expected at least one address"));
         }
-        hosts.insert(norm, ips);
+        // `Example.test` and `example.test.` are one name: which entry won was up to
+        // the order the table was read in.
+        if hosts.insert(norm, ips).is_some() {
+            return Err(err(&key, &"names a host another entry names (names ignore case and a final dot)"));
+        }
     }
     positive(file, "resolver.timeout", r.timeout)?;
     let resolver = ResolverConfig { nameservers, hosts, hosts_file: r.hosts_file, timeout: r.timeout };
