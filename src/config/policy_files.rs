@@ -137,37 +137,34 @@ fn compile_budget(raw: &RawBudget) -> Result<BudgetSpec, (String, String)> {
 
 /// The `*.toml` files of `dir`, sorted by name so that load order is stable.
 pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::Read { file: dir.into(), error: e })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
-        .collect();
-    files.sort();
-    Ok(files)
+    scan(dir).map(|(files, _)| files)
 }
 
-/// Entries of `dir` that look meant as policy files but are not loaded: a `*.toml`
-/// that is not a regular file (a directory, a broken link) or an extension in the
-/// wrong case (`p.TOML`). Other names (`README.md`, `p.toml.off`) are left alone.
-fn look_like_policies(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut odd: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| match p.extension().and_then(|x| x.to_str()) {
-            Some("toml") => !p.is_file(),
-            Some(x) => x.eq_ignore_ascii_case("toml"),
-            None => false,
-        })
-        .collect();
+/// `dir`'s policy files, and the entries that look meant as policy files but are not
+/// loaded: a `*.toml` that is not a regular file (a directory, a broken link) or an
+/// extension in the wrong case (`p.TOML`). Other names (`README.md`, `p.toml.off`) are
+/// neither. Both sorted by name.
+fn scan(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ConfigError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::Read { file: dir.into(), error: e })?;
+    let (mut files, mut odd) = (Vec::new(), Vec::new());
+    for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+        match p.extension().and_then(|x| x.to_str()) {
+            Some("toml") if p.is_file() => files.push(p),
+            Some("toml") => odd.push(p),
+            Some(x) if x.eq_ignore_ascii_case("toml") => odd.push(p),
+            _ => {}
+        }
+    }
+    files.sort();
     odd.sort();
-    odd
+    Ok((files, odd))
 }
 
 /// Loads `dir`'s policy files, warning about what an operator would not expect to be
 /// skipped (every reload warns again, so the warning is seen).
 fn read_dir(dir: &Path) -> Result<Vec<Source>, ConfigError> {
-    let files = policy_files(dir)?;
-    for path in look_like_policies(dir) {
+    let (files, odd) = scan(dir)?;
+    for path in odd {
         tracing::warn!(file = %path.display(), "not loaded: policy files are regular files named *.toml");
     }
     if files.is_empty() {
@@ -433,8 +430,9 @@ mod tests {
         let names = |v: Vec<PathBuf>| {
             v.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect::<Vec<_>>()
         };
-        assert_eq!(names(policy_files(dir.path()).unwrap()), ["a.toml"]);
-        assert_eq!(names(look_like_policies(dir.path())), ["b.TOML", "d.toml"]);
+        let (files, odd) = scan(dir.path()).unwrap();
+        assert_eq!(names(files), ["a.toml"]);
+        assert_eq!(names(odd), ["b.TOML", "d.toml"]);
     }
 
     #[test]

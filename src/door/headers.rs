@@ -27,7 +27,7 @@ pub fn rule_headers(h: &HeaderMap) -> Vec<(String, String)> {
     let nominated: Vec<String> =
         connection_tokens(h).map(|t| String::from_utf8_lossy(t).to_ascii_lowercase()).collect();
     h.iter()
-        .filter(|(k, _)| !HOP_BY_HOP.contains(k) && !nominated.iter().any(|n| n == k.as_str()))
+        .filter(|(k, _)| hop_by_hop_index(k.as_str()).is_none() && !nominated.iter().any(|n| n == k.as_str()))
         .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect()
 }

@@ -46,9 +46,7 @@ pub(super) fn validate_limits(
             ));
         }
     };
-    if l.sync_interval < Duration::from_millis(10) || l.sync_interval > Duration::from_secs(10) {
-        return Err(ConfigError::invalid(file, "limits.sync_interval", "expected a duration from 10ms to 10s"));
-    }
+    within(file, "limits.sync_interval", l.sync_interval, Duration::from_millis(10), Duration::from_secs(10))?;
     let store = if l.store == "local" {
         // A Redis password or CA beside a local store means the store line was lost.
         for (key, set) in [
