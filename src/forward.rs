@@ -23,7 +23,7 @@ use crate::addr::{self, Target};
 use crate::budget::Dir;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers, charge_head, request_line_len};
 use crate::door::headers::{
-    is_upgrade, is_websocket_upgrade, strip_hop_by_hop, strip_upstream_response, unjudged_framing,
+    is_upgrade, is_websocket_upgrade, strip_client_request, strip_upstream_response, unjudged_framing,
 };
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::watch::Stalling;
@@ -353,7 +353,7 @@ fn upstream_request(
         Some(p) => Uri::try_from(format!("/{}", p.as_str())).map_err(|_| "invalid request path")?,
         None => Uri::from(PathAndQuery::from_static("/")),
     };
-    strip_hop_by_hop(&mut parts.headers, upgrade);
+    strip_client_request(&mut parts.headers, upgrade);
     let host = if target.port == 80 { text.strip_suffix(":80").unwrap_or(text) } else { text };
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);

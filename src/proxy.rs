@@ -126,8 +126,21 @@ pub async fn handle(
     let gh_host = &door.config.github.web_host;
     let absolute_host =
         |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
+    let refuse = |req: &Request<Incoming>, hint: &str| {
+        let mut rec = AccessRecord::with_vpce(
+            Kind::Forward,
+            req.method().as_str(),
+            raw_target(&req.uri().to_string()),
+            conn.peer,
+            state.generation,
+            conn.vpce.clone(),
+        );
+        door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute)
+    };
     if req.method() == Method::CONNECT {
         crate::connect::handle(req, conn, door, state, inspector(shared)).await
+    } else if let Some(hint) = crate::door::headers::unsupported_transfer_coding(req.headers()) {
+        refuse(&req, hint)
     } else if absolute_host(&|h| h.eq_ignore_ascii_case(gh_host)) {
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Absolute).await
     } else if absolute_host(&|h| crate::routes::is_route_host(&door.config.routes, h)) {
@@ -145,16 +158,8 @@ pub async fn handle(
     {
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Origin).await
     } else {
-        let mut rec = AccessRecord::with_vpce(
-            Kind::Forward,
-            req.method().as_str(),
-            raw_target(&req.uri().to_string()),
-            conn.peer,
-            state.generation,
-            conn.vpce.clone(),
-        );
         let hint = "this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT, \
                     e.g. curl -x http://SANDBOX_ID:TOKEN@gateway:4002 URL";
-        door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute)
+        refuse(&req, hint)
     }
 }

@@ -194,8 +194,9 @@ pub async fn handle(
     Response::from_parts(parts, body.boxed_unsync())
 }
 
-/// End-to-end headers pass; credentials, cookies, hop-by-hop headers and any value of
-/// the injected header the client sent stay behind.
+/// End-to-end headers pass; credentials, cookies, hop-by-hop headers (and those the
+/// client's `Connection` names), the gateway's own fields and any value of the
+/// injected header the client sent stay behind.
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
     // `range`/`if-range`: a key split across two ranges would escape a per-response
     // redactor; `accept-encoding` is replaced by `identity`. Method and URL override
@@ -230,7 +231,10 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
         } else {
             std::borrow::Cow::Borrowed(k.as_str())
         };
-        if drop.contains(&name.as_ref()) || name == route.header.as_str() {
+        if drop.contains(&name.as_ref())
+            || name == route.header.as_str()
+            || crate::door::headers::never_forwarded(from, k.as_str())
+        {
             continue;
         }
         to.append(k.clone(), v.clone());

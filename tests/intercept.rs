@@ -345,6 +345,11 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     // A GET with a body is not sent on.
     let r = curl(&w, &w.gw_ca, &["-X", "GET", "--data", "x"], &url("inspect.test", "/echo"));
     assert_eq!(r.status, 400, "{}", r.body);
+    // Nor is a body under a transfer coding the gateway's own framing would hide.
+    let gzip = ["--http1.1", "-H", "Transfer-Encoding: gzip, chunked", "--data", "x"];
+    let r = curl(&w, &w.gw_ca, &gzip, &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("Transfer-Encoding other than chunked"), "{}", r.body);
 
     // Never on an upgraded connection, whose bytes are not redacted.
     let ws = ["-H", auth, "-H", "Upgrade: websocket", "-H", "Connection: Upgrade", "--http1.1"];

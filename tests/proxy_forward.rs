@@ -25,6 +25,12 @@ fn forwards_with_clean_headers_and_host_from_the_uri() {
         "Proxy-Connection: keep-alive",
         "-H",
         "X-End-To-End: passes",
+        "-H",
+        "Proxy-Status: egress-gateway; error=http_request_denied",
+        "-H",
+        "X-Egress-Budget: upload_bytes",
+        "-H",
+        "X-Egress-Deny-Reason: host_denied",
         &url,
     ]);
     assert_eq!((out.exit, out.status), (0, 200), "{out:?}");
@@ -33,7 +39,9 @@ fn forwards_with_clean_headers_and_host_from_the_uri() {
     let header = |n: &str| rec.headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
     assert_eq!(header("host").as_deref(), Some(format!("origin.test:{}", origin.port()).as_str()));
     assert_eq!(header("x-end-to-end").as_deref(), Some("passes"));
-    for gone in ["proxy-authorization", "proxy-connection", "x-hop", "connection"] {
+    // The gateway's own fields are its word alone, in either direction.
+    let gateway_only = ["proxy-status", "x-egress-budget", "x-egress-deny-reason"];
+    for gone in ["proxy-authorization", "proxy-connection", "x-hop", "connection"].into_iter().chain(gateway_only) {
         assert!(header(gone).is_none(), "{gone} must be stripped: {:?}", rec.headers);
     }
     assert!(!format!("{:?}", rec.headers).contains(TOKEN_A), "token reached the origin");
@@ -146,6 +154,23 @@ fn absolute_form_denials_and_bad_forms() {
             "bad_request",
         ),
         (format!("GET http://origin.test:{port}/ HTTP/1.1\r\n\r\n"), 407, "auth_required"),
+        // A coding beneath the chunked framing would reach the origin unannounced.
+        (
+            format!(
+                "POST http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\
+                 Transfer-Encoding: gzip, chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n"
+            ),
+            400,
+            "bad_request",
+        ),
+        (
+            format!(
+                "POST http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\
+                 Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n"
+            ),
+            400,
+            "bad_request",
+        ),
         (
             format!(
                 "GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
@@ -168,6 +193,33 @@ fn absolute_form_denials_and_bad_forms() {
     assert!(resp.contains(&raw_target), "{resp}");
     let rec = gw.access_for(&raw_target);
     assert_eq!(rec["reason"], "bad_request");
+}
+
+#[test]
+fn a_response_coding_beneath_chunked_reaches_the_client() {
+    // An origin that sends `gzip, chunked`: the client must learn of the gzip coding
+    // the body still carries once the gateway has taken the chunked framing off.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = raw::read_head(&mut s);
+        let _ = s.write_all(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 99\r\n\r\n4\r\nGZIP\r\n0\r\n\r\n",
+        );
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let auth = basic("sbx-a", TOKEN_A);
+    let resp = raw::exchange(
+        gw.addr,
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    let lower = resp.to_ascii_lowercase();
+    assert!(lower.contains("\r\ntransfer-encoding: gzip, chunked\r\n"), "{resp}");
+    assert!(!lower.contains("content-length"), "{resp}");
+    assert!(resp.ends_with("\r\n\r\n4\r\nGZIP\r\n0\r\n\r\n"), "{resp}");
 }
 
 #[test]

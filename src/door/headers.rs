@@ -104,6 +104,50 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// The transfer codings a message's `Transfer-Encoding` lists, in order, across all
+/// its lines.
+fn transfer_codings(h: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    h.get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Why a request's `Transfer-Encoding` cannot be sent on, if it cannot: anything but
+/// `chunked` alone. The gateway takes the chunked framing off and frames the body
+/// again itself, so a coding beneath it (`gzip, chunked`) would reach the upstream
+/// unannounced, and `chunked` applied twice would be read twice. Clients compress a
+/// body with `Content-Encoding`, which passes untouched.
+pub fn unsupported_transfer_coding(h: &HeaderMap) -> Option<&'static str> {
+    let mut codings = transfer_codings(h);
+    match (codings.next(), codings.next()) {
+        (None, _) => None,
+        (Some(c), None) if c.eq_ignore_ascii_case(b"chunked") => None,
+        _ => Some(
+            "Transfer-Encoding other than chunked alone is not supported: send a compressed body with \
+             Content-Encoding",
+        ),
+    }
+}
+
+/// The `Transfer-Encoding` the client needs when an upstream's response body still
+/// carries codings once its framing (a final `chunked`) is taken off: `gzip, chunked`
+/// still carries `gzip`, so the client is sent `gzip` and the gateway's own
+/// `chunked`. Written whole here: hyper, given a value that does not end in
+/// `chunked`, appends its `, chunked` to whichever field it wrote last.
+fn codings_beneath_framing(h: &HeaderMap) -> Option<HeaderValue> {
+    let mut codings: Vec<&[u8]> = transfer_codings(h).collect();
+    if codings.last().is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")) {
+        codings.pop();
+    }
+    if codings.is_empty() {
+        return None;
+    }
+    codings.push(b"chunked");
+    HeaderValue::from_bytes(&codings.join(&b", "[..])).ok()
+}
+
 /// Where `name` (lower case, as a `HeaderMap` holds it) is in [`HOP_BY_HOP`]: a match
 /// on the text, which compiles to a length switch, where comparing typed names would
 /// take nine calls per field.
@@ -132,14 +176,32 @@ const GATEWAY_ONLY: [&str; 3] =
 /// so an upstream cannot pass its answer off as the gateway's (or have a gRPC call's
 /// answer rewritten as a refusal). Its trailers go through `strip_gateway_fields`.
 pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: bool) {
+    let beneath = codings_beneath_framing(&parts.headers);
     strip_hop_by_hop(&mut parts.headers, keep_upgrade);
     strip_gateway_fields(&mut parts.headers);
+    if let Some(codings) = beneath {
+        parts.headers.insert(header::TRANSFER_ENCODING, codings);
+    }
     // The gateway refuses only with standard statuses: an upstream's own status
     // without a standard phrase keeps its phrase (else the client would read
     // `<none>`), and cannot be taken for a refusal.
     if parts.status.canonical_reason().is_some() {
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
     }
+}
+
+/// Prepares a client's request head for the upstream: hop-by-hop headers go (as in
+/// `strip_hop_by_hop`), and so do the fields only the gateway writes, which an
+/// upstream could otherwise read as the gateway's word.
+pub fn strip_client_request(h: &mut HeaderMap, keep_upgrade: bool) {
+    strip_hop_by_hop(h, keep_upgrade);
+    strip_gateway_fields(h);
+}
+
+/// Whether `name` is one the client's `Connection` nominates as hop-by-hop, or one
+/// only the gateway writes: for handlers that copy a request's fields by name.
+pub fn never_forwarded(h: &HeaderMap, name: &str) -> bool {
+    GATEWAY_ONLY.contains(&name) || connection_tokens(h).any(|t| t.eq_ignore_ascii_case(name.as_bytes()))
 }
 
 /// Removes the fields only the gateway writes from an upstream's head or trailers.
@@ -191,6 +253,62 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("accept"));
+    }
+
+    fn with(fields: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in fields {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn only_chunked_alone_is_a_request_coding_sent_on() {
+        let te = "transfer-encoding";
+        assert!(unsupported_transfer_coding(&with(&[])).is_none());
+        assert!(unsupported_transfer_coding(&with(&[(te, "chunked")])).is_none());
+        assert!(unsupported_transfer_coding(&with(&[(te, " Chunked ,")])).is_none());
+        for refused in [
+            &[(te, "gzip, chunked")][..],
+            &[(te, "chunked, chunked")],
+            &[(te, "gzip"), (te, "chunked")],
+            &[(te, "chunked"), (te, "chunked")],
+            &[(te, "identity")],
+        ] {
+            assert!(unsupported_transfer_coding(&with(refused)).is_some(), "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn a_response_keeps_the_codings_beneath_its_framing() {
+        let te = "transfer-encoding";
+        let codings = |f: &[(&'static str, &'static str)]| {
+            let mut parts = http::Response::new(()).into_parts().0;
+            parts.headers = with(f);
+            strip_upstream_response(&mut parts, false);
+            parts.headers.get(te).map(|v| v.to_str().unwrap_or_default().to_string())
+        };
+        assert_eq!(codings(&[(te, "chunked")]), None);
+        assert_eq!(codings(&[(te, "gzip, chunked"), ("content-length", "9")]).as_deref(), Some("gzip, chunked"));
+        assert_eq!(codings(&[(te, "gzip"), (te, "br"), (te, "chunked")]).as_deref(), Some("gzip, br, chunked"));
+        // Not chunked last: read to the close, and every coding is still on the body.
+        assert_eq!(codings(&[(te, "chunked, gzip")]).as_deref(), Some("chunked, gzip, chunked"));
+    }
+
+    #[test]
+    fn a_client_cannot_send_the_gateway_s_own_fields_on() {
+        let mut h = with(&[
+            ("proxy-status", "egress-gateway; error=http_request_denied"),
+            ("x-egress-budget", "upload_bytes"),
+            ("x-egress-deny-reason", "host_denied"),
+            ("accept", "*/*"),
+        ]);
+        strip_client_request(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        let h = with(&[("connection", "X-Foo"), ("x-foo", "1")]);
+        assert!(never_forwarded(&h, "x-foo") && never_forwarded(&h, "proxy-status"));
+        assert!(!never_forwarded(&h, "accept"));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::budget::Dir;
 use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers, charge_head, request_line_len};
 use crate::door::headers::{
-    is_upgrade, is_websocket_upgrade, strip_hop_by_hop, strip_upstream_response, unjudged_framing,
+    is_upgrade, is_websocket_upgrade, strip_client_request, strip_upstream_response, unjudged_framing,
 };
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
@@ -67,7 +67,9 @@ pub async fn handle(
     let (mut parts, body) = req.into_parts();
     let mut body = Some(body);
     let has_body = body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b));
-    if let Some(hint) = unjudged_framing(&parts.method, &parts.headers, has_body) {
+    if let Some(hint) = unjudged_framing(&parts.method, &parts.headers, has_body)
+        .or_else(|| crate::door::headers::unsupported_transfer_coding(&parts.headers))
+    {
         drain_rest(body.take(), door).await;
         return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
     }
@@ -153,7 +155,7 @@ pub async fn handle(
 
     // The headers judged are the headers sent: hop-by-hop ones (and any the client
     // nominates in `Connection`) go before the decision.
-    strip_hop_by_hop(&mut parts.headers, wants_upgrade);
+    strip_client_request(&mut parts.headers, wants_upgrade);
     if te_trailers {
         // The one `TE` HTTP/2 allows, which gRPC servers look for.
         parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
