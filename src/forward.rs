@@ -353,7 +353,13 @@ fn upstream_request(
         Some(p) => Uri::try_from(format!("/{}", p.as_str())).map_err(|_| "invalid request path")?,
         None => Uri::from(PathAndQuery::from_static("/")),
     };
+    // A chunked body is sent chunked whatever the method: told nothing, hyper would
+    // drop the body of a GET (Elasticsearch's `_search` sends one).
+    let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING) && !http_body::Body::is_end_stream(&body);
     strip_client_request(&mut parts.headers, upgrade);
+    if chunked {
+        parts.headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
     let host = if target.port == 80 { text.strip_suffix(":80").unwrap_or(text) } else { text };
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);

@@ -101,10 +101,18 @@ pub fn percent_escape(s: &str, upper: bool) -> String {
 /// they stream. The value itself is never quoted: the upstream chose it, and it could
 /// carry the secret.
 pub fn is_encoded(h: &HeaderMap) -> bool {
-    h.get_all(http::header::CONTENT_ENCODING).iter().any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-        || h.get_all(http::header::TRANSFER_ENCODING)
-            .iter()
-            .any(|v| v.as_bytes().split(|b| *b == b',').any(|c| !c.trim_ascii().eq_ignore_ascii_case(b"chunked")))
+    // Only `chunked`, once: hyper takes one chunked framing off, so `chunked, chunked`
+    // (or two `chunked` lines) would leave the inner framing in the body, splitting a
+    // value across chunks where the redactor would miss it.
+    let mut codings =
+        h.get_all(http::header::TRANSFER_ENCODING).iter().flat_map(|v| v.as_bytes().split(|b| *b == b','));
+    let framed_only = match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(c), None) => c.trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        _ => false,
+    };
+    !framed_only
+        || h.get_all(http::header::CONTENT_ENCODING).iter().any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
 }
 
 /// True when an occurrence of `needle` in `hay` follows `%`, or `%` and a hex digit:
@@ -263,6 +271,27 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_one_chunked_framing_is_plain() {
+        let with = |fields: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in fields {
+                h.append(*k, http::HeaderValue::from_static(v));
+            }
+            is_encoded(&h)
+        };
+        let te = "transfer-encoding";
+        assert!(!with(&[]));
+        assert!(!with(&[(te, "chunked")]));
+        assert!(!with(&[(te, " Chunked "), ("content-encoding", "identity")]));
+        // A second framing would stay in the body and split a value across chunks.
+        assert!(with(&[(te, "chunked, chunked")]));
+        assert!(with(&[(te, "chunked"), (te, "chunked")]));
+        assert!(with(&[(te, "chunked,")]));
+        assert!(with(&[(te, "gzip, chunked")]));
+        assert!(with(&[("content-encoding", "gzip")]));
+    }
 
     #[test]
     fn scrubs_across_chunks_and_holds_back_only_prefixes() {

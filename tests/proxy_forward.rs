@@ -196,9 +196,27 @@ fn absolute_form_denials_and_bad_forms() {
 }
 
 #[test]
-fn a_response_coding_beneath_chunked_reaches_the_client() {
-    // An origin that sends `gzip, chunked`: the client must learn of the gzip coding
-    // the body still carries once the gateway has taken the chunked framing off.
+fn a_chunked_body_on_a_get_reaches_the_origin() {
+    // Search APIs take a GET with a body; hyper, told nothing, would send it bodiless.
+    let (gw, origin) = start_http();
+    let auth = basic("sbx-a", TOKEN_A);
+    let resp = raw::request(
+        gw.addr,
+        format!(
+            "GET http://origin.test:{}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            origin.port()
+        ),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    assert!(resp.contains("\"body_len\":5"), "{resp}");
+}
+
+#[test]
+fn an_upstream_s_transfer_codings_reach_the_client_as_chunked_alone() {
+    // An origin that sends `gzip, chunked`. Python's http.client and urllib3 frame only
+    // `chunked` exactly as chunked: sent on as it came, the answer would stall them
+    // until the connection closed and hand them the gateway's framing as the body.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -217,8 +235,8 @@ fn a_response_coding_beneath_chunked_reaches_the_client() {
     );
     assert_eq!(status(&resp), 200, "{resp}");
     let lower = resp.to_ascii_lowercase();
-    assert!(lower.contains("\r\ntransfer-encoding: gzip, chunked\r\n"), "{resp}");
-    assert!(!lower.contains("content-length"), "{resp}");
+    assert!(lower.contains("\r\ntransfer-encoding: chunked\r\n"), "{resp}");
+    assert!(!lower.contains("gzip,") && !lower.contains("content-length"), "{resp}");
     assert!(resp.ends_with("\r\n\r\n4\r\nGZIP\r\n0\r\n\r\n"), "{resp}");
 }
 
