@@ -101,6 +101,7 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Respo
                 "limit_store": if shared.budgets.is_shared() { "redis" } else { "local" },
                 "limit_store_healthy": shared.budgets.store_healthy(),
                 "limit_store_syncs": shared.budgets.syncs(),
+                "config_file_changed": shared.config_drift(),
             });
             reply(StatusCode::OK, "application/json", body.to_string())
         }
@@ -133,13 +134,16 @@ async fn route(req: Request<Incoming>, peer: SocketAddr, admin: &Admin) -> Respo
                 Ok(generation) => reply(
                     StatusCode::OK,
                     "application/json",
-                    serde_json::json!({ "reloaded": true, "policy_generation": generation }).to_string(),
+                    serde_json::json!({ "reloaded": true, "policy_generation": generation,
+                        "config_file_changed": shared.config_drift() })
+                    .to_string(),
                 ),
                 Err(e) => reply(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "application/json",
                     serde_json::json!({ "reloaded": false, "error": e.to_string(),
-                        "policy_generation": shared.store.snapshot().generation })
+                        "policy_generation": shared.store.snapshot().generation,
+                        "config_file_changed": shared.config_drift() })
                     .to_string(),
                 ),
             }

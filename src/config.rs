@@ -1,5 +1,6 @@
 //! Gateway configuration: raw (serde) -> validated -> typed values.
 
+pub mod drift;
 pub mod error;
 pub mod keys;
 pub mod policy_files;
@@ -23,7 +24,9 @@ pub use validate::{
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read { file: path.into(), error: e })?;
     let base = path.parent().unwrap_or_else(|| Path::new("."));
-    parse(&text, &path.into(), base)
+    let mut config = parse(&text, &path.into(), base)?;
+    config.baseline = drift::Baseline::new(path, &text);
+    Ok(config)
 }
 
 /// Parses and validates config text.

@@ -112,7 +112,15 @@ fn build_shared_with(config: Config, prepare: impl FnOnce(&mut Resolver)) -> Res
         budgets,
         admission,
     };
-    let shared = Arc::new(Shared { door, draining: AtomicBool::new(false), tls, git, routes, intercept });
+    let shared = Arc::new(Shared {
+        door,
+        draining: AtomicBool::new(false),
+        tls,
+        git,
+        routes,
+        intercept,
+        config_drift: Default::default(),
+    });
     let weak = Arc::downgrade(&shared);
     shared.resolver.set_peers(Arc::new(move |name: &str| {
         let shared = weak.upgrade()?;

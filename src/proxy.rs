@@ -30,6 +30,8 @@ pub struct Shared {
     pub routes: crate::routes::Routes,
     /// TLS inspection (`[intercept]`).
     pub intercept: Option<Arc<crate::intercept::Intercept>>,
+    /// How the main config file differed from the one in force, at the last reload.
+    pub config_drift: std::sync::Mutex<Option<crate::config::drift::Drift>>,
 }
 
 impl std::ops::Deref for Shared {
@@ -44,6 +46,7 @@ impl Shared {
     /// Reloads policies, shadow policies, token keys and revocations; on success ends
     /// open connections the new state no longer allows (`proxy.close_revoked_tunnels`).
     pub fn reload(&self) -> Result<u64, crate::config::ConfigError> {
+        self.check_config_file();
         let generation = self.store.reload(&self.config)?;
         // Upstream HTTPS connections are not carried across a reload.
         self.git.clients.clear();
@@ -63,6 +66,39 @@ impl Shared {
             }
         }
         Ok(generation)
+    }
+}
+
+impl Shared {
+    /// Compares the main config file with the one in force, says what an edit changed
+    /// (it applies on restart), and keeps the answer for `/v1/status`.
+    fn check_config_file(&self) {
+        let Some(baseline) = &self.config.baseline else { return };
+        let drift = baseline.drift();
+        if let Some(d) = &drift {
+            let file = baseline.path().display().to_string();
+            let keys = d.keys.join(", ");
+            match &d.error {
+                Some(error) => tracing::error!(
+                    file,
+                    keys,
+                    error,
+                    "the main config file changed and would not load: a restart would fail; running on the config it \
+                     started with"
+                ),
+                None => tracing::warn!(
+                    file,
+                    keys,
+                    "the main config file changed; only policy, key and secret files reload: restart to apply"
+                ),
+            }
+        }
+        *self.config_drift.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = drift;
+    }
+
+    /// What [`Self::check_config_file`] found at the last reload.
+    pub fn config_drift(&self) -> Option<crate::config::drift::Drift> {
+        self.config_drift.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }
 

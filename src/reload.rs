@@ -136,6 +136,8 @@ pub fn fingerprint(config: &Config) -> u64 {
     if let Some(d) = &config.policy.shadow {
         files.extend(config::policy_files::policy_files(d).unwrap_or_default());
     }
+    // The main file too: an edit to it is reported (it applies on restart).
+    files.extend(config.baseline.as_ref().map(|b| b.path().to_path_buf()));
     files.extend(config.tokens.revocation_file.iter().cloned());
     for k in &config.tokens.keys {
         if let Some(config::SecretSource::File(p)) = &k.secret {

@@ -433,6 +433,47 @@ fn changed_policy_files_reload_by_themselves() {
 }
 
 #[test]
+fn an_edit_to_the_main_config_is_reported_as_needing_a_restart() {
+    // Watching every 200 ms: the edit alone is noticed, with no reload asked for.
+    let gw =
+        TestGateway::start_with_policy_section(STANDARD_CONFIG, &standard_policy(), "watch_interval = \"200ms\"\n");
+    let admin = gw.admin_addr();
+    let (_, body) = get(admin, "/v1/status");
+    assert!(body.contains("\"config_file_changed\":null"), "{body}");
+
+    let cfg = gw.config_path();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("delay = \"0s\""), "{text}");
+    std::fs::write(&cfg, format!("# tuned\n{}", text.replace("delay = \"0s\"", "delay = \"9s\""))).unwrap();
+    let line = gw.wait_for_log(Duration::from_secs(5), |v| {
+        v["msg"].as_str().is_some_and(|m| m.contains("the main config file changed; only policy"))
+    });
+    assert_eq!(line["keys"], "drain.delay", "{line}");
+    assert_eq!(line["level"], "warn", "{line}");
+    let (code, body) = post(admin, "/v1/reload", None);
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["config_file_changed"], serde_json::json!({"keys": ["drain.delay"], "error": null}), "{body}");
+
+    // Broken: a restart would fail, and the operator hears it now, with file and key.
+    std::fs::write(&cfg, text.replace("delay = \"0s\"", "delay = \"soon\"")).unwrap();
+    let (_, body) = post(admin, "/v1/reload", None);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let error = v["config_file_changed"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("gateway.toml") && error.contains("drain.delay"), "{body}");
+    gw.wait_for_log(Duration::from_secs(5), |v| {
+        v["level"] == "error" && v["msg"].as_str().is_some_and(|m| m.contains("a restart would fail"))
+    });
+
+    // Put back: nothing is pending any more.
+    std::fs::write(&cfg, &text).unwrap();
+    let (_, body) = post(admin, "/v1/reload", None);
+    assert!(body.contains("\"config_file_changed\":null"), "{body}");
+    let (_, body) = get(admin, "/v1/status");
+    assert!(body.contains("\"config_file_changed\":null"), "{body}");
+}
+
+#[test]
 fn a_second_signal_stops_at_once() {
     let origin = TestOrigin::http();
     let config = STANDARD_CONFIG

@@ -60,6 +60,9 @@ pub struct Config {
     pub intercept: Option<InterceptConfig>,
     /// Placeholder credentials (`[[secrets]]`).
     pub secrets: Vec<SecretConfig>,
+    /// The file as read at start-up, to say on reload what an edit to it changed
+    /// (it takes effect on restart); `None` for the demo and configs not from a file.
+    pub baseline: Option<super::drift::Baseline>,
 }
 
 #[derive(Debug, Clone)]
@@ -415,6 +418,7 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         intercept,
         secrets,
         limits,
+        baseline: None,
     })
 }
 
