@@ -315,6 +315,7 @@ fn budget_config_errors_name_the_file_and_key() {
     std::fs::write(dir.path().join("empty"), "\n").unwrap();
     for (store, what) in [
         ("store = \"memcached://x\"", "limits.store"),
+        ("store = \"reddis://user:secret@127.0.0.1:1/0\"", "got \"[redacted]@127.0.0.1:1/0\""),
         ("store = \"redis://user:secret@127.0.0.1:1/0\"", "redis_password_file"),
         ("on_store_error = \"maybe\"", "limits.on_store_error"),
         // A Redis setting beside the local store: the store line was lost.

@@ -126,7 +126,12 @@ pub(super) fn validate_limits(
         return Err(ConfigError::invalid(
             file,
             "limits.store",
-            format!("expected \"local\" or a redis:// or rediss:// URL, got {:?}", l.store),
+            // Up to the last `@` may be a password: never echoed (the message reaches
+            // logs and `/v1/status`).
+            format!(
+                "expected \"local\" or a redis:// or rediss:// URL, got {:?}",
+                l.store.rsplit_once('@').map_or(l.store.clone(), |(_, host)| format!("[redacted]@{host}"))
+            ),
         ));
     };
     Ok(LimitsConfig { store, deny_on_store_error, sync_interval: l.sync_interval })
