@@ -191,7 +191,28 @@ async fn open(
 }
 
 pub async fn handle(
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    upstream: &Upstream,
+    state: Arc<State>,
+) -> Response<ProxyBody> {
+    let (parts, body) = req.into_parts();
+    let mut body = Some(body);
+    let waits = crate::door::bodies::expects_continue(&parts.headers);
+    let resp = decide_and_send(Request::from_parts(parts, ()), &mut body, conn, door, upstream, state).await;
+    // Still here: the request was refused before its body was sent on.
+    if let Some(rest) = body {
+        crate::door::bodies::drain_refused(rest, waits, door.config.proxy.tunnel_idle_timeout).await;
+    }
+    resp
+}
+
+/// [`handle`] with the body apart: taken when the request is sent on, left in `body`
+/// when it is refused.
+async fn decide_and_send(
+    mut req: Request<()>,
+    body: &mut Option<Incoming>,
     conn: &ConnInfo,
     door: &Door,
     upstream: &Upstream,
@@ -267,7 +288,11 @@ pub async fn handle(
     }
     // What a request rule judged must be all that reaches an inspected host.
     if inspected
-        && let Some(hint) = unjudged_framing(req.method(), req.headers(), !http_body::Body::is_end_stream(req.body()))
+        && let Some(hint) = unjudged_framing(
+            req.method(),
+            req.headers(),
+            body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b)),
+        )
     {
         return reject(&mut rec, DenyReason::BadRequest, hint);
     }
@@ -279,6 +304,11 @@ pub async fn handle(
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let idle = door.config.proxy.tunnel_idle_timeout;
+    let Some(sent_body) = body.take() else {
+        return reject(&mut rec, DenyReason::BadRequest, "the request body is gone");
+    };
+    let (parts, ()) = req.into_parts();
+    let req = Request::from_parts(parts, sent_body);
     let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone(), idle) {
         Ok((r, counter)) => (r, counter),
         Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),

@@ -162,7 +162,7 @@ pub async fn handle(
     let gh_host = &door.config.github.web_host;
     let absolute_host =
         |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
-    let refuse = |req: &Request<Incoming>, hint: &str| {
+    let refuse = async |req: Request<Incoming>, hint: &str| {
         let mut rec = AccessRecord::with_vpce(
             Kind::Forward,
             req.method().as_str(),
@@ -171,12 +171,16 @@ pub async fn handle(
             state.generation,
             conn.vpce.clone(),
         );
-        door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute)
+        let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
+        let (parts, body) = req.into_parts();
+        let waits = crate::door::bodies::expects_continue(&parts.headers);
+        crate::door::bodies::drain_refused(body, waits, door.config.proxy.tunnel_idle_timeout).await;
+        resp
     };
     if req.method() == Method::CONNECT {
         crate::connect::handle(req, conn, door, state, inspector(shared)).await
     } else if let Some(hint) = crate::door::headers::unsupported_transfer_coding(req.headers()) {
-        refuse(&req, hint)
+        refuse(req, hint).await
     } else if absolute_host(&|h| h.eq_ignore_ascii_case(gh_host)) {
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Absolute).await
     } else if absolute_host(&|h| crate::routes::is_route_host(&door.config.routes, h)) {
@@ -196,6 +200,6 @@ pub async fn handle(
     } else {
         let hint = "this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT, \
                     e.g. curl -x http://SANDBOX_ID:TOKEN@gateway:4002 URL";
-        refuse(&req, hint)
+        refuse(req, hint).await
     }
 }

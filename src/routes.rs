@@ -65,6 +65,27 @@ pub async fn handle(
     state: Arc<State>,
     entry: Entry,
 ) -> Response<ProxyBody> {
+    let (parts, body) = req.into_parts();
+    let mut body = Some(body);
+    let waits = crate::door::bodies::expects_continue(&parts.headers);
+    let resp = route(Request::from_parts(parts, ()), &mut body, conn, door, routes_client, state, entry).await;
+    // Still here: the request was refused before its body was sent on.
+    if let Some(rest) = body {
+        crate::door::bodies::drain_refused(rest, waits, door.config.proxy.tunnel_idle_timeout).await;
+    }
+    resp
+}
+
+/// [`handle`] with the body apart: taken when the request is sent on.
+async fn route(
+    req: Request<()>,
+    body: &mut Option<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    routes_client: &Routes,
+    state: Arc<State>,
+    entry: Entry,
+) -> Response<ProxyBody> {
     let method = req.method().as_str().to_string();
     let mut rec = AccessRecord::with_vpce(
         Kind::Forward,
@@ -130,7 +151,10 @@ pub async fn handle(
             entry,
         );
     };
-    let (parts, body) = req.into_parts();
+    let (parts, ()) = req.into_parts();
+    let Some(body) = body.take() else {
+        return finish(&mut rec, DenyReason::BadRequest, None, "the request body is gone", entry);
+    };
     let bytes_up = Arc::new(AtomicU64::new(0));
     let idle = door.config.proxy.tunnel_idle_timeout;
     let body = Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)

@@ -650,3 +650,58 @@ fn node_modules() -> PathBuf {
     );
     dir
 }
+
+/// A plain-HTTP request refused with a large body still unsent: clients that write the
+/// whole body before they read (urllib, Node's `http`, wget) must read the refusal,
+/// not a reset connection. The gateway reads and discards the body first.
+#[test]
+fn a_refused_large_upload_over_plain_http_shows_the_refusal() {
+    let w = World::new();
+    let dir = tempfile::tempdir().unwrap();
+    let upload = dir.path().join("up.bin");
+    std::fs::write(&upload, vec![b'x'; 3 << 20]).unwrap();
+    // b-only.test is not in sandbox a's policy; nothing is listening there either.
+    let url = "http://b-only.test:9/upload";
+    let plain = |program: &str| {
+        let mut c = w.command(program);
+        c.env("HTTP_PROXY", w.proxy()).env("http_proxy", w.proxy());
+        c
+    };
+
+    let script = r#"
+import sys, urllib.request, urllib.error
+req = urllib.request.Request(sys.argv[2], data=open(sys.argv[3], "rb").read(), method="POST")
+try:
+    urllib.request.urlopen(req, timeout=20)
+    print("no refusal")
+except urllib.error.HTTPError as e:
+    print("status", e.code, e.headers.get("x-egress-deny-reason"))
+"#;
+    let mut c = plain("python3");
+    c.args(["-c", script, w.ca(), url]).arg(&upload);
+    let out = run(c, "python3");
+    assert!(both(&out).contains("status 403 host_not_allowed"), "urllib: {}", both(&out));
+
+    let script = r#"
+const http = require("http");
+const proxy = new URL(process.env.HTTP_PROXY);
+const target = new URL(process.argv[1]);
+const auth = Buffer.from(decodeURIComponent(proxy.username) + ":" + decodeURIComponent(proxy.password)).toString("base64");
+const body = require("fs").readFileSync(process.argv[2]);
+const req = http.request({ host: proxy.hostname, port: proxy.port, method: "POST", path: target.href,
+  headers: { Host: target.host, "Proxy-Authorization": "Basic " + auth, "Content-Length": body.length } },
+  (res) => { console.log("status", res.statusCode, res.headers["x-egress-deny-reason"]); res.resume(); });
+req.on("error", (e) => console.log("ERROR", e.message));
+req.end(body);
+"#;
+    let mut c = plain("node");
+    c.args(["-e", script, url]).arg(&upload);
+    let out = run(c, "node");
+    assert!(both(&out).contains("status 403 host_not_allowed"), "node http: {}", both(&out));
+
+    let mut c = plain("wget");
+    c.current_dir(dir.path()).args(["--tries=1", "-O", "-", "--post-file"]).arg(&upload).arg(url);
+    let out = run(c, "wget");
+    let text = both(&out);
+    assert!(text.contains("403") && text.contains("host_not_allowed"), "wget: {text}");
+}

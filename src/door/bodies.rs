@@ -269,18 +269,39 @@ impl<B> Drop for LoggedBody<B> {
 /// Most bytes of a refused request's body read and discarded.
 const MAX_DRAIN_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Reads and discards the rest of a refused request's body (bounded, with the idle
-/// timeout), so that a client still sending reads the refusal instead of a reset
-/// connection or stream. Nothing of it goes anywhere.
+/// Longest a refused request's body is read for, however steadily it trickles in (as
+/// nginx's `lingering_time`).
+const MAX_DRAIN_TIME: Duration = Duration::from_secs(30);
+
+/// Reads and discards the rest of a refused request's body (bounded in bytes and time,
+/// with the idle timeout between reads), so that a client still sending reads the
+/// refusal instead of a reset connection or stream. Nothing of it goes anywhere.
 pub async fn drain(mut body: hyper::body::Incoming, idle: Duration) {
     use http_body_util::BodyExt;
+    let until = tokio::time::Instant::now() + MAX_DRAIN_TIME;
     let mut seen = 0u64;
     while seen < MAX_DRAIN_BYTES {
-        match tokio::time::timeout(idle, body.frame()).await {
-            Ok(Some(Ok(frame))) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
+        let next = tokio::time::timeout(idle, body.frame());
+        match tokio::time::timeout_at(until, next).await {
+            Ok(Ok(Some(Ok(frame)))) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
             _ => return,
         }
     }
+}
+
+/// Whether the client sent `Expect: 100-continue` and waits for it before its body.
+pub fn expects_continue(h: &http::HeaderMap) -> bool {
+    h.get_all(http::header::EXPECT).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// [`drain`] for a request refused before anything of it was sent on, with the idle
+/// timeout capped at 5 s. Not when the client waits on `Expect: 100-continue`: it has
+/// sent no body, and reading would have hyper ask it for one.
+pub async fn drain_refused(body: hyper::body::Incoming, waits_for_continue: bool, idle: Duration) {
+    if waits_for_continue || http_body::Body::is_end_stream(&body) {
+        return;
+    }
+    drain(body, idle.min(Duration::from_secs(5))).await;
 }
 
 #[cfg(test)]
