@@ -318,7 +318,8 @@ async fn decide_and_send(
     // connection would still lead to its old address (another sandbox's, perhaps).
     let peer = crate::policy::peer_id(&target, &door.config.egress.peer_suffix).is_some();
     if !wants_upgrade && peer {
-        up_req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        let close = if up_req.headers().contains_key(header::TE) { "te, close" } else { "close" };
+        up_req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static(close));
     }
 
     let timeout = door.config.proxy.response_header_timeout;
@@ -386,9 +387,20 @@ fn upstream_request(
     // A chunked body is sent chunked whatever the method: told nothing, hyper would
     // drop the body of a GET (Elasticsearch's `_search` sends one).
     let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING) && !http_body::Body::is_end_stream(&body);
+    // A client that takes trailers gets the upstream's (the gateway relays them): the
+    // upstream is told so, on this hop.
+    let trailers = parts
+        .headers
+        .get_all(header::TE)
+        .iter()
+        .any(|v| v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers")));
     strip_client_request(&mut parts.headers, upgrade);
     if chunked {
         parts.headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
+    if trailers && !upgrade {
+        parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("te"));
     }
     let host = if target.port == 80 { text.strip_suffix(":80").unwrap_or(text) } else { text };
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;

@@ -213,6 +213,37 @@ fn a_chunked_body_on_a_get_reaches_the_origin() {
 }
 
 #[test]
+fn an_upstream_s_trailers_reach_a_client_that_takes_them() {
+    // The origin records the request head it got and answers with a declared trailer.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = tx.send(raw::read_head(&mut s));
+        let _ = s.write_all(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n\
+              4\r\nbody\r\n0\r\nX-Checksum: abc123\r\nProxy-Status: forged\r\n\r\n",
+        );
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let auth = basic("sbx-a", TOKEN_A);
+    let resp = raw::exchange(
+        gw.addr,
+        format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\nTE: trailers\r\n\
+             Connection: close, TE\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    let head = rx.recv_timeout(Duration::from_secs(10)).unwrap().to_ascii_lowercase();
+    assert!(head.contains("\r\nte: trailers\r\n") && head.contains("\r\nconnection: te\r\n"), "{head}");
+    let lower = resp.to_ascii_lowercase();
+    assert!(lower.contains("\r\ntrailer: x-checksum\r\n"), "{resp}");
+    assert!(lower.ends_with("\r\n0\r\nx-checksum: abc123\r\n\r\n"), "{resp}");
+}
+
+#[test]
 fn an_upstream_s_transfer_codings_reach_the_client_as_chunked_alone() {
     // An origin that sends `gzip, chunked`. Python's http.client and urllib3 frame only
     // `chunked` exactly as chunked: sent on as it came, the answer would stall them

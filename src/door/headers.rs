@@ -163,8 +163,14 @@ const GATEWAY_ONLY: [&str; 3] =
 /// so an upstream cannot pass its answer off as the gateway's (or have a gRPC call's
 /// answer rewritten as a refusal). Its trailers go through `strip_gateway_fields`.
 pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: bool) {
+    // `Trailer` is end to end (RFC 9110, 6.6.2; RFC 2616 listed it among hop-by-hop
+    // fields by an erratum), and hyper writes only the trailer fields it declares.
+    let declared: Vec<HeaderValue> = parts.headers.get_all(header::TRAILER).iter().cloned().collect();
     strip_hop_by_hop(&mut parts.headers, keep_upgrade);
     strip_gateway_fields(&mut parts.headers);
+    for v in declared {
+        parts.headers.append(header::TRAILER, v);
+    }
     // The gateway refuses only with standard statuses: an upstream's own status
     // without a standard phrase keeps its phrase (else the client would read
     // `<none>`), and cannot be taken for a refusal.
