@@ -244,6 +244,26 @@ fn an_upstream_s_trailers_reach_a_client_that_takes_them() {
 }
 
 #[test]
+fn an_upstream_head_too_large_is_named_as_such() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = raw::read_head(&mut s);
+        let fields: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
+        let _ = s.write_all(format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n").as_bytes());
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let auth = basic("sbx-a", TOKEN_A);
+    let resp = raw::request(
+        gw.addr,
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"),
+    );
+    assert_eq!(status(&resp), 502, "{resp}");
+    assert!(resp.contains("more than 100 fields"), "{resp}");
+}
+
+#[test]
 fn an_upstream_s_transfer_codings_reach_the_client_as_chunked_alone() {
     // An origin that sends `gzip, chunked`. Python's http.client and urllib3 frame only
     // `chunked` exactly as chunked: sent on as it came, the answer would stall them
