@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # User-space instructions per keep-alive request and per CONNECT setup, counted with
 # valgrind (callgrind) on a fixed workload, where CPU time on this 2-core machine
-# varies by 20% from round to round. On some machines the counts vary too (session 20:
-# keep-alive by about 5% from run to run, CONNECT setup by a factor of four, as the
-# runtime's wake-ups under valgrind differ): repeat a run and compare averages. It sees user
+# varies by 20% from round to round. Counting starts once the port answers (session
+# 27): before that, start-up's timing-dependent calibration loop left a remainder that
+# made setup counts swing by a factor of four. Now the same build repeats within about
+# 0.2% per keep-alive request and 5% per setup. It sees user
 # space only (the gateway's own code, hyper, tokio, libc), not the kernel's share, so
 # it tells whether a change to the gateway's code pays, not what a request costs in
 # all (`benches/load.sh` measures that, against the peers).
