@@ -214,18 +214,12 @@ fn a_chunked_body_on_a_get_reaches_the_origin() {
 
 #[test]
 fn an_upstream_s_trailers_reach_a_client_that_takes_them() {
-    // The origin records the request head it got and answers with a declared trailer.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let Ok((mut s, _)) = listener.accept() else { return };
-        let _ = tx.send(raw::read_head(&mut s));
-        let _ = s.write_all(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n\
-              4\r\nbody\r\n0\r\nX-Checksum: abc123\r\nProxy-Status: forged\r\n\r\n",
-        );
-    });
+    // The origin answers with a declared trailer.
+    let (port, rx) = answers_once(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n\
+          4\r\nbody\r\n0\r\nX-Checksum: abc123\r\nProxy-Status: forged\r\n\r\n"
+            .to_vec(),
+    );
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
     let auth = basic("sbx-a", TOKEN_A);
     let resp = raw::exchange(
@@ -245,14 +239,8 @@ fn an_upstream_s_trailers_reach_a_client_that_takes_them() {
 
 #[test]
 fn an_upstream_head_too_large_is_named_as_such() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let Ok((mut s, _)) = listener.accept() else { return };
-        let _ = raw::read_head(&mut s);
-        let fields: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
-        let _ = s.write_all(format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n").as_bytes());
-    });
+    let fields: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let (port, _) = answers_once(format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n").into_bytes());
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
     let auth = basic("sbx-a", TOKEN_A);
     let resp = raw::request(
@@ -268,15 +256,10 @@ fn an_upstream_s_transfer_codings_reach_the_client_as_chunked_alone() {
     // An origin that sends `gzip, chunked`. Python's http.client and urllib3 frame only
     // `chunked` exactly as chunked: sent on as it came, the answer would stall them
     // until the connection closed and hand them the gateway's framing as the body.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let Ok((mut s, _)) = listener.accept() else { return };
-        let _ = raw::read_head(&mut s);
-        let _ = s.write_all(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 99\r\n\r\n4\r\nGZIP\r\n0\r\n\r\n",
-        );
-    });
+    let (port, _) = answers_once(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 99\r\n\r\n4\r\nGZIP\r\n0\r\n\r\n"
+            .to_vec(),
+    );
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
     let auth = basic("sbx-a", TOKEN_A);
     let resp = raw::exchange(
@@ -650,4 +633,18 @@ fn a_safe_request_on_a_kept_connection_the_origin_closed_is_sent_again() {
     std::thread::sleep(Duration::from_millis(200));
     let lines: Vec<_> = seen.try_iter().collect();
     assert_eq!(lines.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0], "sent once only: {lines:?}");
+}
+
+/// An origin that answers its first connection's first request with `answer`; the
+/// request head it read comes back on the channel.
+fn answers_once(answer: Vec<u8>) -> (u16, std::sync::mpsc::Receiver<String>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = tx.send(raw::read_head(&mut s));
+        let _ = s.write_all(&answer);
+    });
+    (port, rx)
 }

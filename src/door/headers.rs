@@ -64,7 +64,13 @@ pub fn is_upgrade(h: &HeaderMap) -> bool {
 /// The names `Connection` lists, as bytes: a value with a byte that is not visible
 /// ASCII (`x-foo, \xff`) still nominates the names it holds.
 fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &[u8]> {
-    h.get_all(header::CONNECTION)
+    list_elements(h, header::CONNECTION)
+}
+
+/// The elements of every `name` field's comma-separated list, in order, trimmed; empty
+/// ones skipped.
+fn list_elements(h: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &[u8]> {
+    h.get_all(name)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
@@ -111,11 +117,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
 /// The transfer codings a message's `Transfer-Encoding` lists, in order, across all
 /// its lines.
 fn transfer_codings(h: &HeaderMap) -> impl Iterator<Item = &[u8]> {
-    h.get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
+    list_elements(h, header::TRANSFER_ENCODING)
 }
 
 /// Why a request's `Transfer-Encoding` cannot be sent on, if it cannot: anything but
