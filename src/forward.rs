@@ -197,15 +197,11 @@ pub async fn handle(
     upstream: &Upstream,
     state: Arc<State>,
 ) -> Response<ProxyBody> {
-    let (parts, body) = req.into_parts();
-    let mut body = Some(body);
-    let waits = crate::door::bodies::expects_continue(&parts.headers);
-    let resp = decide_and_send(Request::from_parts(parts, ()), &mut body, conn, door, upstream, state).await;
-    // Still here: the request was refused before its body was sent on.
-    if let Some(rest) = body {
-        crate::door::bodies::drain_refused(rest, waits, door.config.proxy.tunnel_idle_timeout).await;
-    }
-    resp
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    crate::door::bodies::body_apart(req, idle, async |req, body| {
+        decide_and_send(req, body, conn, door, upstream, state).await
+    })
+    .await
 }
 
 /// [`handle`] with the body apart: taken when the request is sent on, left in `body`

@@ -67,9 +67,7 @@ impl Shared {
         }
         Ok(generation)
     }
-}
 
-impl Shared {
     /// Compares the main config file with the one in force, says what an edit changed
     /// (it applies on restart), and keeps the answer for `/v1/status`.
     fn check_config_file(&self) {
@@ -172,9 +170,7 @@ pub async fn handle(
             conn.vpce.clone(),
         );
         let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
-        let (parts, body) = req.into_parts();
-        let waits = crate::door::bodies::expects_continue(&parts.headers);
-        crate::door::bodies::drain_refused(body, waits, door.config.proxy.tunnel_idle_timeout).await;
+        crate::door::bodies::drain_request(req, door.config.proxy.tunnel_idle_timeout).await;
         resp
     };
     if req.method() == Method::CONNECT {

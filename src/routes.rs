@@ -65,15 +65,11 @@ pub async fn handle(
     state: Arc<State>,
     entry: Entry,
 ) -> Response<ProxyBody> {
-    let (parts, body) = req.into_parts();
-    let mut body = Some(body);
-    let waits = crate::door::bodies::expects_continue(&parts.headers);
-    let resp = route(Request::from_parts(parts, ()), &mut body, conn, door, routes_client, state, entry).await;
-    // Still here: the request was refused before its body was sent on.
-    if let Some(rest) = body {
-        crate::door::bodies::drain_refused(rest, waits, door.config.proxy.tunnel_idle_timeout).await;
-    }
-    resp
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    crate::door::bodies::body_apart(req, idle, async |req, body| {
+        route(req, body, conn, door, routes_client, state, entry).await
+    })
+    .await
 }
 
 /// [`handle`] with the body apart: taken when the request is sent on.

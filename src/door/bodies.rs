@@ -290,8 +290,32 @@ pub async fn drain(mut body: hyper::body::Incoming, idle: Duration) {
 }
 
 /// Whether the client sent `Expect: 100-continue` and waits for it before its body.
-pub fn expects_continue(h: &http::HeaderMap) -> bool {
+fn expects_continue(h: &http::HeaderMap) -> bool {
     h.get_all(http::header::EXPECT).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// Serves `req` with its body apart: `serve` takes the body from the `Option` when it
+/// sends the request on. A body still there when `serve` answers belongs to a refused
+/// request, and is drained ([`drain_refused`]) before the refusal goes out.
+pub async fn body_apart(
+    req: http::Request<hyper::body::Incoming>,
+    idle: Duration,
+    serve: impl AsyncFnOnce(http::Request<()>, &mut Option<hyper::body::Incoming>) -> http::Response<super::ProxyBody>,
+) -> http::Response<super::ProxyBody> {
+    let (parts, body) = req.into_parts();
+    let waits = expects_continue(&parts.headers);
+    let mut body = Some(body);
+    let resp = serve(http::Request::from_parts(parts, ()), &mut body).await;
+    if let Some(rest) = body {
+        drain_refused(rest, waits, idle).await;
+    }
+    resp
+}
+
+/// A refused request, body and all: its body drained ([`drain_refused`]).
+pub async fn drain_request(req: http::Request<hyper::body::Incoming>, idle: Duration) {
+    let (parts, body) = req.into_parts();
+    drain_refused(body, expects_continue(&parts.headers), idle).await;
 }
 
 /// [`drain`] for a request refused before anything of it was sent on, with the idle

@@ -301,9 +301,9 @@ pub async fn handle(
 
 /// Drains a refused request's unread body, if it has one.
 async fn drain_rest(body: Option<Incoming>, door: &Door) {
+    // The gateway answered any `Expect: 100-continue` itself: the body is coming.
     if let Some(b) = body {
-        crate::door::bodies::drain(b, door.config.proxy.tunnel_idle_timeout.min(std::time::Duration::from_secs(5)))
-            .await;
+        crate::door::bodies::drain_refused(b, false, door.config.proxy.tunnel_idle_timeout).await;
     }
 }
 
