@@ -170,8 +170,7 @@ pub async fn handle(
             conn.vpce.clone(),
         );
         let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
-        crate::door::bodies::drain_request(req, door.config.proxy.tunnel_idle_timeout).await;
-        resp
+        crate::door::bodies::refuse_request(req, door.config.proxy.tunnel_idle_timeout, resp).await
     };
     if req.method() == Method::CONNECT {
         crate::connect::handle(req, conn, door, state, inspector(shared)).await

@@ -545,3 +545,31 @@ fn a_push_whose_credential_is_revoked_mid_command_list_never_reaches_github() {
     assert!(w.github.recorded().iter().all(|r| !r.uri.contains("git-receive-pack")), "nothing reached GitHub");
     assert_eq!(w.api.mint_count(), 0, "no write credential was minted");
 }
+
+#[test]
+fn a_refused_large_push_shows_the_refusal() {
+    // A client that writes a whole push before it reads (as urllib does) must read the
+    // 401 for a wrong token, not a reset connection: the gateway reads the body first.
+    let w = world(3600, "5m");
+    let dir = tempfile::tempdir().unwrap();
+    let upload = dir.path().join("pack");
+    std::fs::write(&upload, vec![b'0'; 32 << 20]).unwrap();
+    let script = r#"
+import base64, sys, urllib.request, urllib.error
+req = urllib.request.Request(sys.argv[1], data=open(sys.argv[2], "rb").read(), method="POST", headers={
+    "Authorization": "Basic " + base64.b64encode(b"sbx-a:not-the-token").decode(),
+    "Content-Type": "application/x-git-receive-pack-request"})
+try:
+    urllib.request.urlopen(req, timeout=20)
+    print("no refusal")
+except urllib.error.HTTPError as e:
+    print("status", e.code, e.headers.get("x-egress-deny-reason"))
+except Exception as e:
+    print("error", e)
+"#;
+    let url = format!("http://{}/github.test/acme/widgets.git/git-receive-pack", w.gw.addr);
+    let out = Command::new("python3").args(["-c", script, &url]).arg(&upload).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("status 401 auth_invalid"), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(w.github.recorded().is_empty());
+}

@@ -648,3 +648,36 @@ fn answers_once(answer: Vec<u8>) -> (u16, std::sync::mpsc::Receiver<String>) {
     });
     (port, rx)
 }
+
+#[test]
+fn a_refusal_that_leaves_a_body_unsent_says_the_connection_closes() {
+    // A client waiting on `Expect: 100-continue` has sent no body: the refusal comes
+    // without asking for it, and the connection cannot carry another request, so the
+    // refusal says `Connection: close` and the gateway closes it.
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let auth = basic("sbx-a", TOKEN_A);
+    for creds in ["", &format!("Proxy-Authorization: {auth}\r\n")] {
+        let resp = raw::exchange(
+            gw.addr,
+            format!(
+                "POST http://b-only.test/up HTTP/1.1\r\nHost: b-only.test\r\n{creds}Content-Length: 5\r\n\
+                 Expect: 100-continue\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        assert!(matches!(status(&resp), 403 | 407), "{resp}");
+        assert!(resp.to_ascii_lowercase().contains("\r\nconnection: close\r\n"), "{resp}");
+    }
+    // A refused request whose body came whole is read past; the connection goes on.
+    let mut s = raw::connect(gw.addr);
+    let refused = format!(
+        "POST http://b-only.test/up HTTP/1.1\r\nHost: b-only.test\r\nProxy-Authorization: {auth}\r\n\
+         Content-Length: 5\r\n\r\nhello"
+    );
+    for _ in 0..2 {
+        s.write_all(refused.as_bytes()).unwrap();
+        let resp = read_response(&mut s);
+        assert_eq!(status(&resp), 403, "{resp}");
+        assert!(!resp.to_ascii_lowercase().contains("connection: close"), "{resp}");
+    }
+}

@@ -276,7 +276,8 @@ const MAX_DRAIN_TIME: Duration = Duration::from_secs(30);
 /// Reads and discards the rest of a refused request's body (bounded in bytes and time,
 /// with the idle timeout between reads), so that a client still sending reads the
 /// refusal instead of a reset connection or stream. Nothing of it goes anywhere.
-pub async fn drain(mut body: hyper::body::Incoming, idle: Duration) {
+/// Whether the body was read to its end.
+pub async fn drain(mut body: hyper::body::Incoming, idle: Duration) -> bool {
     use http_body_util::BodyExt;
     let until = tokio::time::Instant::now() + MAX_DRAIN_TIME;
     let mut seen = 0u64;
@@ -284,9 +285,11 @@ pub async fn drain(mut body: hyper::body::Incoming, idle: Duration) {
         let next = tokio::time::timeout(idle, body.frame());
         match tokio::time::timeout_at(until, next).await {
             Ok(Ok(Some(Ok(frame)))) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
-            _ => return,
+            Ok(Ok(None)) => return true,
+            _ => return false,
         }
     }
+    http_body::Body::is_end_stream(&body)
 }
 
 /// Whether the client sent `Expect: 100-continue` and waits for it before its body.
@@ -305,27 +308,46 @@ pub async fn body_apart(
     let (parts, body) = req.into_parts();
     let waits = expects_continue(&parts.headers);
     let mut body = Some(body);
-    let resp = serve(http::Request::from_parts(parts, ()), &mut body).await;
+    let mut resp = serve(http::Request::from_parts(parts, ()), &mut body).await;
     if let Some(rest) = body {
-        drain_refused(rest, waits, idle).await;
+        closing_unless(drain_refused(rest, waits, idle).await, &mut resp);
     }
     resp
 }
 
-/// A refused request, body and all: its body drained ([`drain_refused`]).
-pub async fn drain_request(req: http::Request<hyper::body::Incoming>, idle: Duration) {
+/// A refusal of `req`, sent once its body is drained ([`drain_refused`]).
+pub async fn refuse_request(
+    req: http::Request<hyper::body::Incoming>,
+    idle: Duration,
+    mut refusal: http::Response<super::ProxyBody>,
+) -> http::Response<super::ProxyBody> {
     let (parts, body) = req.into_parts();
-    drain_refused(body, expects_continue(&parts.headers), idle).await;
+    closing_unless(drain_refused(body, expects_continue(&parts.headers), idle).await, &mut refusal);
+    refusal
+}
+
+/// Marks `resp` as the connection's last unless the request's body was read to its
+/// end: hyper closes a connection whose request body is left unread (its framing is
+/// lost, or the client was never told to send it), and the client should hear so
+/// rather than find out on its next request.
+fn closing_unless(read_all: bool, resp: &mut http::Response<super::ProxyBody>) {
+    if !read_all {
+        resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
 }
 
 /// [`drain`] for a request refused before anything of it was sent on, with the idle
 /// timeout capped at 5 s. Not when the client waits on `Expect: 100-continue`: it has
-/// sent no body, and reading would have hyper ask it for one.
-pub async fn drain_refused(body: hyper::body::Incoming, waits_for_continue: bool, idle: Duration) {
-    if waits_for_continue || http_body::Body::is_end_stream(&body) {
-        return;
+/// sent no body, and reading would have hyper ask it for one. Whether the body was
+/// read to its end.
+pub async fn drain_refused(body: hyper::body::Incoming, waits_for_continue: bool, idle: Duration) -> bool {
+    if http_body::Body::is_end_stream(&body) {
+        return true;
     }
-    drain(body, idle.min(Duration::from_secs(5))).await;
+    if waits_for_continue {
+        return false;
+    }
+    drain(body, idle.min(Duration::from_secs(5))).await
 }
 
 #[cfg(test)]

@@ -194,22 +194,27 @@ pub fn strip_client_request(h: &mut HeaderMap, keep_upgrade: bool) {
 /// and `-` are the same here, as CGI and WSGI backends read them (`proxy_status` is
 /// their `Proxy-Status`).
 pub fn never_forwarded(h: &HeaderMap, name: &str) -> bool {
-    let same = |a: &[u8], b: &[u8]| {
-        a.len() == b.len()
-            && a.iter().zip(b).all(|(x, y)| {
-                let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
-                fold(*x) == fold(*y)
-            })
-    };
-    GATEWAY_ONLY.iter().any(|g| same(g.as_bytes(), name.as_bytes()))
-        || connection_tokens(h).any(|t| same(t, name.as_bytes()))
+    is_gateway_only(name.as_bytes()) || connection_tokens(h).any(|t| same_field(t, name.as_bytes()))
 }
 
-/// Removes the fields only the gateway writes from an upstream's head or trailers.
+/// Whether two field names are the same, with `_` and `-` alike.
+fn same_field(a: &[u8], b: &[u8]) -> bool {
+    let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| fold(*x) == fold(*y))
+}
+
+/// Whether `name` is one of [`GATEWAY_ONLY`], in any case and with `_` for `-`.
+fn is_gateway_only(name: &[u8]) -> bool {
+    GATEWAY_ONLY.iter().any(|g| same_field(g.as_bytes(), name))
+}
+
+/// Removes the fields only the gateway writes from a head or trailers, with `_` for
+/// `-` too (`x_egress_deny_reason`), as CGI and WSGI backends read them.
 pub fn strip_gateway_fields(h: &mut HeaderMap) {
     // Almost never present: look for them in one pass rather than hash each name.
-    if h.keys().any(|k| GATEWAY_ONLY.contains(&k.as_str())) {
-        for name in GATEWAY_ONLY {
+    if h.keys().any(|k| is_gateway_only(k.as_str().as_bytes())) {
+        let found: Vec<HeaderName> = h.keys().filter(|k| is_gateway_only(k.as_str().as_bytes())).cloned().collect();
+        for name in found {
             h.remove(name);
         }
     }
@@ -287,10 +292,14 @@ mod tests {
             ("proxy-status", "egress-gateway; error=http_request_denied"),
             ("x-egress-budget", "upload_bytes"),
             ("x-egress-deny-reason", "host_denied"),
+            ("x_egress_deny_reason", "host_denied"),
+            ("proxy_status", "egress-gateway"),
+            ("x-egress_budget", "upload_bytes"),
             ("accept", "*/*"),
+            ("x-egress-budgets", "a longer name"),
         ]);
         strip_client_request(&mut h, false);
-        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h.len(), 2, "{h:?}");
         let h = with(&[("connection", "X-Foo, x_bar"), ("x-foo", "1")]);
         assert!(never_forwarded(&h, "x-foo") && never_forwarded(&h, "proxy-status"));
         assert!(never_forwarded(&h, "x_foo") && never_forwarded(&h, "x-bar") && never_forwarded(&h, "proxy_status"));

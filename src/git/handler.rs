@@ -51,6 +51,25 @@ pub async fn handle(
     state: Arc<State>,
     entry: Entry,
 ) -> Response<ProxyBody> {
+    let idle = door.config.github.idle_timeout;
+    crate::door::bodies::body_apart(req, idle, async |req, body| {
+        route_git(req, body, conn, door, route, state, entry).await
+    })
+    .await
+}
+
+/// [`handle`] with the body apart: taken when the request is sent on (or, for a push,
+/// when its command list is read). A body left there is a refused request's, drained
+/// before the refusal goes out.
+async fn route_git(
+    req: Request<()>,
+    body: &mut Option<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    route: &GitRoute,
+    state: Arc<State>,
+    entry: Entry,
+) -> Response<ProxyBody> {
     let gh = &door.config.github;
     let method = req.method().as_str().to_string();
     let mut rec = AccessRecord::with_vpce(
@@ -98,7 +117,6 @@ pub async fn handle(
                 Op::InfoRefs => refusal::advertisement_type(git.service),
                 Op::Rpc => refusal::result_type(git.service),
             };
-            drain(req.into_body(), gh.idle_timeout).await;
             rec.rule = refusal.rule;
             return in_git_terms(&mut rec, refusal.reason, &hint, &content_type, body);
         }
@@ -111,21 +129,26 @@ pub async fn handle(
         return door::refuse(&mut rec, refusal, entry);
     }
 
-    let (parts, body) = req.into_parts();
+    let (parts, ()) = req.into_parts();
     let idle = gh.idle_timeout;
-    let bytes_up = Arc::new(AtomicU64::new(0));
-    let mut refs: Vec<Subject> = Vec::new();
-    let body: ProxyBody = if git.service.is_write() && git.op == Op::Rpc {
-        // Every value is checked (all are forwarded): git never compresses a push, and
-        // a coding the gateway did not read would hide the command list it judged.
-        if parts
+    let push = git.service.is_write() && git.op == Op::Rpc;
+    // Every value is checked (all are forwarded): git never compresses a push, and a
+    // coding the gateway did not read would hide the command list it judged.
+    if push
+        && parts
             .headers
             .get_all(header::CONTENT_ENCODING)
             .iter()
             .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-        {
-            return finish(&mut rec, DenyReason::BadRequest, None, "compressed push bodies are not supported", entry);
-        }
+    {
+        return finish(&mut rec, DenyReason::BadRequest, None, "compressed push bodies are not supported", entry);
+    }
+    let Some(body) = body.take() else {
+        return finish(&mut rec, DenyReason::BadRequest, None, "the request's body is gone", entry);
+    };
+    let bytes_up = Arc::new(AtomicU64::new(0));
+    let mut refs: Vec<Subject> = Vec::new();
+    let body: ProxyBody = if push {
         let (head, rest, commands) = match hold.registration().unless_ended(read_commands(body, idle)).await {
             Some(Ok(x)) => x,
             Some(Err(msg)) => return finish(&mut rec, DenyReason::BadRequest, None, &msg, entry),
