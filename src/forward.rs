@@ -197,9 +197,21 @@ pub async fn handle(
     upstream: &Upstream,
     state: Arc<State>,
 ) -> Response<ProxyBody> {
+    handle_as(Kind::Forward, req, conn, door, upstream, state).await
+}
+
+/// [`handle`], logged as `kind` (a transparent listener's requests are forwarded so).
+pub async fn handle_as(
+    kind: Kind,
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    upstream: &Upstream,
+    state: Arc<State>,
+) -> Response<ProxyBody> {
     let idle = door.config.proxy.tunnel_idle_timeout;
     crate::door::bodies::body_apart(req, idle, async |req, body| {
-        decide_and_send(req, body, conn, door, upstream, state).await
+        decide_and_send(kind, req, body, conn, door, upstream, state).await
     })
     .await
 }
@@ -207,6 +219,7 @@ pub async fn handle(
 /// [`handle`] with the body apart: taken when the request is sent on, left in `body`
 /// when it is refused.
 async fn decide_and_send(
+    kind: Kind,
     mut req: Request<()>,
     body: &mut Option<Incoming>,
     conn: &ConnInfo,
@@ -215,7 +228,7 @@ async fn decide_and_send(
     state: Arc<State>,
 ) -> Response<ProxyBody> {
     let mut rec = AccessRecord::with_vpce(
-        Kind::Forward,
+        kind,
         req.method().as_str(),
         String::new(),
         conn.peer,

@@ -1,15 +1,21 @@
 //! Handler: transparent connections, from programs that ignore `HTTP_PROXY`. The
-//! name comes from what the client asks for (the TLS ClientHello's SNI, or the HTTP
-//! `Host`), the sandbox from the client's address; then the same decision as a
-//! CONNECT to that name, and the gateway's own resolution and vetting: the address
-//! the client dialled is never used, only (when the connection was redirected) its
-//! port. The bytes read are replayed upstream and the rest relayed, zero-copy.
+//! name comes from what the client asks for, the sandbox from the client's address,
+//! and the gateway resolves and vets the name itself: the address the client dialled
+//! is never used, only (when the connection was redirected) its port.
+//! - TLS ([`serve`]): the ClientHello's SNI gets the same decision as a CONNECT to that
+//!   name; the bytes read are replayed upstream and the rest relayed, zero-copy.
+//! - Plain HTTP ([`http_request`], each request of a connection hyper serves): the
+//!   request's `Host` is decided and the request forwarded as an absolute-form request
+//!   on the proxy port would be (`forward`), so a second request on a kept connection
+//!   is decided and logged on its own.
 
 pub mod host;
 pub mod sni;
 
 use std::net::SocketAddr;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -17,8 +23,8 @@ use crate::access_log::{AccessRecord, Kind};
 use crate::addr::{self, Host, Target};
 use crate::config::TransparentConfig;
 use crate::door::registry::ENDED_HINT;
-use crate::door::respond::{self, Denial};
-use crate::door::{self, ConnInfo, Door, Refusal};
+use crate::door::respond;
+use crate::door::{self, ConnInfo, Door, Entry, ProxyBody, Refusal};
 use crate::policy::{DenyReason, Subject};
 use crate::relay;
 use crate::replayed::Replayed;
@@ -28,7 +34,7 @@ use crate::replayed::Replayed;
 pub enum Listener {
     /// TLS: the ClientHello's SNI.
     Https,
-    /// Plain HTTP: the first request's `Host`.
+    /// Plain HTTP: each request's `Host`.
     Http,
 }
 
@@ -45,9 +51,9 @@ pub enum ReadError {
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ReadError::Timeout => f.write_str("the client sent no complete ClientHello or request head in time"),
+            ReadError::Timeout => f.write_str("the client sent no complete ClientHello in time"),
             ReadError::Closed => f.write_str("the client closed the connection before naming a host"),
-            ReadError::TooLarge => f.write_str("the ClientHello or request head is larger than the gateway reads"),
+            ReadError::TooLarge => f.write_str("the ClientHello is larger than the gateway reads"),
             ReadError::Io(e) => write!(f, "reading from the client failed: {e}"),
             ReadError::Malformed(e) => f.write_str(e),
         }
@@ -66,7 +72,7 @@ async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, deadline: tokio::t
     }
 }
 
-/// Serves one transparent connection to its end. With `inspector`, a TLS connection
+/// Serves one TLS transparent connection to its end. With `inspector`, a connection
 /// to a host the sandbox's policy inspects is handed to it (the ClientHello read is
 /// replayed to the TLS acceptor), as a CONNECT to that host would be.
 pub async fn serve(
@@ -74,67 +80,40 @@ pub async fn serve(
     conn: ConnInfo,
     door: &Door,
     cfg: &TransparentConfig,
-    listener: Listener,
     inspector: Option<std::sync::Arc<dyn door::Inspector>>,
 ) {
     let state = door.store.snapshot();
-    let method = match listener {
-        Listener::Https => "TLS",
-        Listener::Http => "",
-    };
     let mut rec = AccessRecord::with_vpce(
         Kind::Transparent,
-        method,
+        "TLS",
         String::new(),
         conn.peer,
         state.generation,
         conn.vpce.clone(),
     );
     let proxy = &door.config.proxy;
-    // The port the client dialled, when a redirect (nftables, iptables) changed it.
-    let port = redirected(&stream).map_or(
-        match listener {
-            Listener::Https => cfg.https_port,
-            Listener::Http => cfg.http_port,
-        },
-        |d| d.port(),
-    );
-
-    let (name, early) = match listener {
-        Listener::Https => match sni::read(&mut stream, proxy.header_read_timeout).await {
-            Ok((Some(name), bytes)) => (name, bytes),
-            Ok((None, _)) => {
-                let hint = "the ClientHello names no host (SNI): transparent mode needs the name the client asks for";
-                return refuse(&mut stream, &mut rec, listener, Refusal::new(DenyReason::BadRequest, hint)).await;
-            }
-            Err(e) => return refuse(&mut stream, &mut rec, listener, read_refusal(&e)).await,
-        },
-        Listener::Http => {
-            match host::read(&mut stream, proxy.header_read_timeout, proxy.max_header_bytes, proxy.max_headers).await {
-                Ok((method, host, bytes)) => {
-                    rec.method = method.into();
-                    // The port is the one the client dialled; a port in `Host` is its claim.
-                    let name = match addr::parse_authority(&host, Some(port)) {
-                        Ok(t) => t.host.to_string(),
-                        Err(_) => host,
-                    };
-                    (name, bytes)
-                }
-                Err(e) => return refuse(&mut stream, &mut rec, listener, read_refusal(&e)).await,
-            }
+    let port = dialled_port(&stream, cfg.https_port);
+    let (name, early) = match sni::read(&mut stream, proxy.header_read_timeout).await {
+        Ok((Some(name), bytes)) => (name, bytes),
+        Ok((None, _)) => {
+            // A hello without a name (or with an IP literal) is readable: it names nothing usable.
+            let hint = "the ClientHello names no host (SNI): transparent mode needs the name the client asks for";
+            let refusal = Refusal::new(DenyReason::BadRequest, hint);
+            return refuse_with(&mut stream, &mut rec, refusal, Some(sni::UNRECOGNIZED_NAME)).await;
         }
+        Err(e) => return refuse(&mut stream, &mut rec, read_refusal(&e)).await,
     };
     let target = match addr::parse_authority(&format!("{name}:{port}"), None) {
         Ok(t @ Target { host: Host::Name(_), .. }) => t,
         Ok(_) => {
             rec.target = crate::access_log::raw_target(&name).into();
             let hint = "the client named an IP address, not a host: transparent mode decides host names";
-            return refuse(&mut stream, &mut rec, listener, Refusal::new(DenyReason::BadRequest, hint)).await;
+            return refuse(&mut stream, &mut rec, Refusal::new(DenyReason::BadRequest, hint)).await;
         }
         Err(e) => {
             rec.target = crate::access_log::raw_target(&name).into();
             let hint = format!("the client named an invalid host: {e}");
-            return refuse(&mut stream, &mut rec, listener, Refusal::new(DenyReason::BadRequest, hint)).await;
+            return refuse(&mut stream, &mut rec, Refusal::new(DenyReason::BadRequest, hint)).await;
         }
     };
     rec.target = crate::access_log::Text::display(&target);
@@ -143,16 +122,14 @@ pub async fn serve(
         Ok(i) => i,
         Err(e) => {
             let refusal = Refusal::new(e.reason(), e.to_string());
-            return refuse(&mut stream, &mut rec, listener, refusal).await;
+            return refuse(&mut stream, &mut rec, refusal).await;
         }
     };
     let authorized = match door::authorize_as(door, &state, &mut rec, &conn, identity, Subject::Host(target.clone())) {
         Ok(a) => a,
-        Err(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
+        Err(refusal) => return refuse(&mut stream, &mut rec, refusal).await,
     };
-    if listener == Listener::Https
-        && let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target))
-    {
+    if let Some(inspector) = inspector.filter(|i| i.inspects(&authorized.identity.policy, &target)) {
         rec.status = 200;
         let _active = crate::metrics::ActiveGuard::tunnel();
         let cancel = authorized.hold.registration().token().clone();
@@ -165,12 +142,9 @@ pub async fn serve(
         drop(authorized.hold);
         return;
     }
-    let why = match listener {
-        Listener::Https => "intercept.never (or no [intercept]) keeps it a tunnel",
-        Listener::Http => "the plain-HTTP transparent listener does not inspect",
-    };
+    let why = "intercept.never (or no [intercept]) keeps it a tunnel";
     let hold = match authorized.opaque_refusal(why) {
-        Some(refusal) => return refuse(&mut stream, &mut rec, listener, refusal).await,
+        Some(refusal) => return refuse(&mut stream, &mut rec, refusal).await,
         None => authorized.hold,
     };
     let (mut upstream, upstream_addr) =
@@ -178,11 +152,11 @@ pub async fn serve(
             Some(Ok(ok)) => ok,
             Some(Err(e)) => {
                 let refusal = Refusal::new(e.reason(), e.to_string());
-                return refuse(&mut stream, &mut rec, listener, refusal).await;
+                return refuse(&mut stream, &mut rec, refusal).await;
             }
             None => {
                 let refusal = Refusal::new(DenyReason::AuthInvalid, ENDED_HINT);
-                return refuse(&mut stream, &mut rec, listener, refusal).await;
+                return refuse(&mut stream, &mut rec, refusal).await;
             }
         };
     rec.upstream_addr = Some(upstream_addr);
@@ -210,10 +184,15 @@ fn read_refusal(e: &ReadError) -> Refusal {
     Refusal::new(reason, e.to_string())
 }
 
-/// Records a refusal and tells the client in its own protocol: a TLS alert (the
-/// reason is in the access log), or an HTTP denial like the proxy's.
-async fn refuse(stream: &mut TcpStream, rec: &mut AccessRecord, listener: Listener, refusal: Refusal) {
-    let Refusal { reason, hint, rule, status: _, budget } = refusal;
+/// Records a refusal and tells the TLS client with an alert (the reason is in the
+/// access log).
+async fn refuse(stream: &mut TcpStream, rec: &mut AccessRecord, refusal: Refusal) {
+    refuse_with(stream, rec, refusal, None).await
+}
+
+/// [`refuse`] with `alert` instead of the one the reason implies.
+async fn refuse_with(stream: &mut TcpStream, rec: &mut AccessRecord, refusal: Refusal, alert: Option<u8>) {
+    let Refusal { reason, rule, budget, .. } = refusal;
     // Refused before a name was read: logged under the address the client dialled.
     let unnamed = rec.target.is_empty();
     if let Some(dialled) = redirected(stream).filter(|_| unnamed) {
@@ -225,50 +204,81 @@ async fn refuse(stream: &mut TcpStream, rec: &mut AccessRecord, listener: Listen
         http::StatusCode::PROXY_AUTHENTICATION_REQUIRED => http::StatusCode::FORBIDDEN,
         s => s,
     };
-    let bytes = match listener {
-        Listener::Https => {
-            let description = match reason {
-                DenyReason::BadRequest if unnamed => sni::DECODE_ERROR,
-                DenyReason::BadRequest | DenyReason::RequestTooLarge => sni::UNRECOGNIZED_NAME,
-                DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable | DenyReason::UpstreamTimeout => {
-                    sni::INTERNAL_ERROR
-                }
-                _ => sni::ACCESS_DENIED,
-            };
-            sni::alert(description).to_vec()
+    let description = alert.unwrap_or(match reason {
+        DenyReason::BadRequest if unnamed => sni::DECODE_ERROR,
+        DenyReason::BadRequest | DenyReason::RequestTooLarge => sni::UNRECOGNIZED_NAME,
+        DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable | DenyReason::UpstreamTimeout => {
+            sni::INTERNAL_ERROR
         }
-        Listener::Http => {
-            let denial = Denial {
-                target: Some(&*rec.target),
-                sandbox: rec.sandbox.as_deref(),
-                policy: rec.policy.as_deref(),
-                rule: rule.as_deref(),
-                hint: hint.clone(),
-            };
-            http_denial(status, reason, &respond::body_json(reason, &denial), hint.as_deref())
-        }
-    };
+        _ => sni::ACCESS_DENIED,
+    });
     // Best effort: the client may be gone.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&bytes)).await;
+    let alert = sni::alert(description);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&alert)).await;
     let _ = stream.shutdown().await;
     door::record::record_refusal(rec, reason, rule, status.as_u16());
 }
 
-/// An HTTP/1.1 denial with the proxy's headers, closing the connection.
-fn http_denial(status: http::StatusCode, reason: DenyReason, body: &str, hint: Option<&str>) -> Vec<u8> {
-    let explanation = respond::explain(reason, hint);
-    let canonical = status.canonical_reason().unwrap_or("Refused");
-    let proxy_status = respond::proxy_status(reason, &explanation);
-    format!(
-        "HTTP/1.1 {} {canonical} ({explanation})\r\ncontent-type: application/json\r\n{}: {}\r\n{}: {proxy_status}\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        status.as_u16(),
-        respond::DENY_REASON_HEADER,
-        reason.code(),
-        respond::PROXY_STATUS,
-        body.len(),
-    )
-    .into_bytes()
+/// The port the client dialled: the original destination's, when a redirect
+/// (nftables, iptables) changed it; else the listener's configured one.
+pub fn dialled_port(stream: &TcpStream, configured: u16) -> u16 {
+    redirected(stream).map_or(configured, |d| d.port())
+}
+
+/// One request on the plain-HTTP listener, from the sandbox at the client's address
+/// (or `[transparent] sandbox`), made an absolute-form request for the dispatcher to
+/// forward as the proxy port's are (logged as `transparent`): its `Host`, at the port
+/// the client dialled, is its target, and the connection's facts carry the sandbox
+/// as their identity. The request line may name no other host ([`host::named`]);
+/// `CONNECT` belongs on the proxy port. `Err`: the refusal, its body drained.
+pub async fn http_request(
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    door: &Door,
+    cfg: &TransparentConfig,
+    port: u16,
+) -> Result<(Request<Incoming>, ConnInfo), Response<ProxyBody>> {
+    let state = door.store.snapshot();
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    let mut rec = AccessRecord::with_vpce(
+        Kind::Transparent,
+        req.method().as_str(),
+        String::new(),
+        conn.peer,
+        state.generation,
+        conn.vpce.clone(),
+    );
+    let target = match host::named(req.method(), req.uri(), req.headers(), port) {
+        Ok(t) => t,
+        Err((raw, hint)) => {
+            rec.target = crate::access_log::raw_target(&raw).into();
+            let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
+            return Err(crate::door::bodies::refuse_request(req, idle, resp).await);
+        }
+    };
+    rec.target = crate::access_log::Text::display(&target);
+    let identity = match door::identify_by_address(&state, conn, cfg.sandbox.as_deref()) {
+        Ok(i) => i,
+        Err(e) => {
+            // No proxy authentication exists here: an unidentified client is forbidden.
+            let refusal = Refusal::new(e.reason(), e.to_string()).with_status(http::StatusCode::FORBIDDEN);
+            let mut resp = door::refuse(&mut rec, refusal, Entry::Absolute);
+            resp.headers_mut().remove(http::header::PROXY_AUTHENTICATE);
+            return Err(crate::door::bodies::refuse_request(req, idle, resp).await);
+        }
+    };
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let path = if path.starts_with('/') { path } else { "/" };
+    match format!("http://{target}{path}").parse::<http::Uri>() {
+        Ok(uri) => *req.uri_mut() = uri,
+        Err(e) => {
+            rec.target = crate::access_log::raw_target(&req.uri().to_string()).into();
+            let hint = format!("the request target cannot be forwarded: {e}");
+            let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
+            return Err(crate::door::bodies::refuse_request(req, idle, resp).await);
+        }
+    }
+    Ok((req, ConnInfo { identity: Some(identity), ..conn.clone() }))
 }
 
 /// The destination before a NAT redirect, when there was one: `SO_ORIGINAL_DST`

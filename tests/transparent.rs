@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::Command;
 
@@ -219,6 +220,38 @@ fn http_by_host_header_forwards_and_denies_like_the_proxy() {
         b"GET http://ORIGIN.test./x HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(support::raw::status(&reply), 200, "the same host, written differently: {reply}");
+}
+
+/// Every request on a kept plain-HTTP connection is decided by its own `Host`: a
+/// second request cannot ride on the first one's decision to another host.
+#[test]
+fn each_request_on_a_kept_http_connection_is_decided() {
+    let origin = TestOrigin::http();
+    let gw = gateway(9, origin.port(), "");
+    let listen = gw.transparent_addr("http");
+    let mut s = support::raw::connect(listen);
+    let requests = [
+        ("GET /first HTTP/1.1\r\nHost: origin.test\r\n\r\n", 200, None),
+        ("GET /second HTTP/1.1\r\nHost: b-only.test\r\n\r\n", 403, Some("host_not_allowed")),
+        ("GET /third HTTP/1.1\r\nHost: blocked.origin.test\r\n\r\n", 403, Some("host_denied")),
+        ("GET http://b-only.test/x HTTP/1.1\r\nHost: origin.test\r\n\r\n", 400, Some("bad_request")),
+        ("GET /fifth HTTP/1.1\r\nHost: origin.test\r\n\r\n", 200, None),
+    ];
+    // All written at once: pipelined requests are each decided too.
+    let all: String = requests.iter().map(|(r, _, _)| *r).collect();
+    s.write_all(all.as_bytes()).unwrap();
+    for (req, code, reason) in requests {
+        let resp = support::raw::read_response(&mut s);
+        assert_eq!(support::raw::status(&resp), code, "{req}: {resp}");
+        if let Some(reason) = reason {
+            assert!(resp.contains(&format!("x-egress-deny-reason: {reason}")), "{req}: {resp}");
+        }
+    }
+    let uris: Vec<String> = origin.recorded().iter().map(|r| r.uri.clone()).collect();
+    assert_eq!(uris, ["/first", "/fifth"], "only the allowed requests reached the origin");
+    let recs = gw.wait_for_access(5, |v| v["kind"] == "transparent");
+    let denied: Vec<&str> = recs.iter().filter_map(|v| v["reason"].as_str()).collect();
+    assert_eq!(denied, ["host_not_allowed", "host_denied", "bad_request"], "{recs:?}");
 }
 
 #[test]
@@ -471,12 +504,15 @@ fn transparent_tls_to_an_inspected_host_is_inspected() {
     let rec = gw.wait_for_access(1, |v| v["kind"] == "inspect" && v["reason"] == "request_not_allowed");
     assert_eq!(rec[0]["sandbox"], "sbx-a", "{}", rec[0]);
 
-    // Plain HTTP to the same host: refused, not tunnelled.
+    // Plain HTTP to the same host: decided request by request by the same rules, as
+    // on the proxy port (the origin here speaks only TLS, so nothing reaches it).
     let http = gw.transparent_addr("http");
     let connect_to = format!("b-only.test:80:127.0.0.1:{}", http.port());
-    let plain = curl(&["--noproxy", "*", "--connect-to", &connect_to, "http://b-only.test/hello"]);
+    let plain = curl(&["--noproxy", "*", "-X", "POST", "--connect-to", &connect_to, "http://b-only.test/hello"]);
     assert_eq!(plain.status, 403, "{}", plain.body);
-    assert!(plain.body.contains("host_not_allowed") && plain.body.contains("inspect"), "{}", plain.body);
+    assert!(plain.body.contains("request_not_allowed"), "{}", plain.body);
+    let rec = gw.wait_for_access(1, |v| v["kind"] == "transparent" && v["reason"] == "request_not_allowed");
+    assert_eq!(rec[0]["method"], "POST", "{}", rec[0]);
     assert_eq!(origin.recorded().len(), 1);
 }
 

@@ -139,7 +139,14 @@ fn run(data: &[u8]) -> Vec<(Target, SocketAddr)> {
     h.rt.block_on(async {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
         let conn = ConnInfo::at(SocketAddr::from(([127, 0, 0, 1], 40000)), None);
-        let serve = crate::proxy::server::serve_stream(server, conn, h.shared.clone(), CancellationToken::new(), true);
+        let serve = crate::proxy::server::serve_stream(
+            server,
+            conn,
+            h.shared.clone(),
+            CancellationToken::new(),
+            true,
+            crate::proxy::server::Serve::Proxy,
+        );
         let talk = async {
             let _ = client.write_all(data).await;
             let _ = client.shutdown().await;

@@ -2,7 +2,6 @@
 //! off, each connection is served by hyper's HTTP/1 server with a header-read timeout
 //! and header limits, and shutdown stops accepting and lets connections finish.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -292,22 +291,35 @@ async fn admit_proxy_protocol(stream: &mut TcpStream, peer: SocketAddr, shared: 
     }
 }
 
+/// What the requests of a connection hyper serves go to.
+#[derive(Debug, Clone, Copy)]
+pub enum Serve {
+    /// The proxy port: `super::handle` chooses the handler.
+    Proxy,
+    /// A plain-HTTP transparent listener: each request made absolute-form by
+    /// `transparent::http_request` (`port` being the one the client dialled), then
+    /// forwarded.
+    TransparentHttp { port: u16 },
+}
+
 /// Serves one client byte stream (already admitted) until it closes or is upgraded.
 pub async fn serve_connection<I>(stream: I, conn: ConnInfo, shared: Arc<Shared>, shutdown: CancellationToken)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    serve_stream(stream, conn, shared, shutdown, false).await
+    serve_stream(stream, conn, shared, shutdown, false, Serve::Proxy).await
 }
 
-/// Like [`serve_connection`]; with `half_close`, a client's end of input does not
-/// abort the request in progress (the fuzz harness writes its input, then closes).
+/// Like [`serve_connection`], for `serve`'s requests; with `half_close`, a client's end
+/// of input does not abort the request in progress (the fuzz harness writes its input,
+/// then closes).
 pub async fn serve_stream<I>(
     stream: I,
     conn: ConnInfo,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     half_close: bool,
+    serve: Serve,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -329,7 +341,24 @@ pub async fn serve_stream<I>(
     let service = service_fn(move |req| {
         let shared = svc_shared.clone();
         let per_conn = per_conn.clone();
-        async move { Ok::<_, Infallible>(handle(req, &per_conn.0, &per_conn.1, &shared).await) }
+        async move {
+            let resp = match serve {
+                Serve::Proxy => handle(req, &per_conn.0, &per_conn.1, &shared).await,
+                Serve::TransparentHttp { port } => {
+                    let Some(cfg) = &shared.config.transparent else { return Err("no [transparent] section") };
+                    let door = &shared.door;
+                    match crate::transparent::http_request(req, &per_conn.0, door, cfg, port).await {
+                        Ok((req, conn)) => {
+                            let state = door.store.snapshot();
+                            let kind = crate::access_log::Kind::Transparent;
+                            crate::forward::handle_as(kind, req, &conn, door, &per_conn.1, state).await
+                        }
+                        Err(refusal) => refusal,
+                    }
+                }
+            };
+            Ok::<_, &'static str>(resp)
+        }
     });
     let io = TokioIo::new(Watched::new(stream, watch.clone()));
     let connection = builder.serve_connection(io, service).with_upgrades();

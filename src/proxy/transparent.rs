@@ -1,6 +1,7 @@
 //! Accept loops for the transparent listeners (`[transparent]`): the same admission
 //! as the proxy port (PROXY protocol from trusted peers, `proxy.allowed_clients`, the
-//! per-address share, `proxy.max_connections`), then the transparent handler.
+//! per-address share, `proxy.max_connections`), then the transparent handler: for
+//! TLS, the connection; for plain HTTP, each request of a connection hyper serves.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +48,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
-        let (shared, cfg) = (shared.clone(), cfg.clone());
+        let (shared, cfg, shutdown) = (shared.clone(), cfg.clone(), shutdown.clone());
         shared.tasks.clone().spawn(async move {
             let active = crate::metrics::ActiveGuard::connection();
             // As on the proxy port: a peer that is not a trusted proxy is held to its
@@ -74,11 +75,17 @@ pub async fn serve(
             // The place under `proxy.max_connections` goes into what the connection holds,
             // so a tunnel or a WebSocket that outlives this task keeps it.
             conn.held = Some(Arc::new(crate::door::Held { share: pending, place: (permit, active) }));
-            let inspector = shared
-                .intercept
-                .as_ref()
-                .map(|_| Arc::new(super::inspect::Dispatch(shared.clone())) as Arc<dyn crate::door::Inspector>);
-            crate::transparent::serve(stream, conn, &shared.door, &cfg, kind, inspector).await;
+            match kind {
+                Listener::Https => {
+                    let inspector = super::inspector(&shared);
+                    crate::transparent::serve(stream, conn, &shared.door, &cfg, inspector).await;
+                }
+                Listener::Http => {
+                    let port = crate::transparent::dialled_port(&stream, cfg.http_port);
+                    let serve = server::Serve::TransparentHttp { port };
+                    server::serve_stream(stream, conn, shared, shutdown, false, serve).await;
+                }
+            }
         });
     }
 }

@@ -1,61 +1,46 @@
-//! The name a plain-HTTP client asks for: the `Host` header of its first request,
-//! read (bounded) and kept, to be replayed upstream untouched.
+//! The host a plain-HTTP transparent request asks for: its `Host` header, at the port
+//! the client dialled, with a request line that names no other host.
 
-use std::time::Duration;
+use http::{HeaderMap, Method, Uri};
 
-use tokio::net::TcpStream;
+use crate::addr::{self, Host, Target};
 
-use super::ReadError;
-
-/// Reads the first request head (at most `max_bytes`, `max_headers` fields); returns
-/// the `Host` value and every byte read (the head and whatever followed it).
-pub async fn read(
-    stream: &mut TcpStream,
-    timeout: Duration,
-    max_bytes: usize,
-    max_headers: usize,
-) -> Result<(String, String, Vec<u8>), ReadError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut buf: Vec<u8> = Vec::with_capacity(1024);
-    loop {
-        super::read_more(stream, &mut buf, deadline).await?;
-        let mut headers = vec![httparse::EMPTY_HEADER; max_headers];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
-                let method = req.method.unwrap_or_default().to_string();
-                let mut hosts = req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("host"));
-                let host = match (hosts.next(), hosts.next()) {
-                    (Some(h), None) => std::str::from_utf8(h.value)
-                        .map_err(|_| ReadError::Malformed("the Host header is not text".into()))?
-                        .trim()
-                        .to_string(),
-                    (None, _) => return Err(ReadError::Malformed("the request has no Host header".into())),
-                    (Some(_), Some(_)) => return Err(ReadError::Malformed("the request has two Host headers".into())),
-                };
-                // The first request must name one host: a CONNECT, or an absolute-form
-                // target whose authority is not the Host, would be routed by the origin
-                // to a host the gateway did not decide.
-                if method.eq_ignore_ascii_case("CONNECT") {
-                    return Err(ReadError::Malformed(
-                        "CONNECT is for the proxy port, not a transparent listener".into(),
-                    ));
-                }
-                names_only(req.path.unwrap_or_default(), &host).map_err(|e| ReadError::Malformed(e.into()))?;
-                return Ok((method, host, buf));
-            }
-            Ok(httparse::Status::Partial) if buf.len() >= max_bytes => return Err(ReadError::TooLarge),
-            Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => return Err(ReadError::TooLarge),
-            Err(e) => return Err(ReadError::Malformed(format!("not an HTTP request: {e}"))),
-        }
-        if buf.len() >= max_bytes {
-            return Err(ReadError::TooLarge);
-        }
+/// The host `Host` names, at `port` (a port in `Host` is the client's claim; the
+/// port the client dialled is the one used), once the request line is shown to name
+/// no other ([`names_only`]). Else the text to log as the target, and why.
+pub fn named(method: &Method, uri: &Uri, headers: &HeaderMap, port: u16) -> Result<Target, (String, String)> {
+    let raw = uri.to_string();
+    let fail = |why: &str| Err((raw.clone(), why.to_string()));
+    if method == Method::CONNECT {
+        return fail("CONNECT is for the proxy port, not a transparent listener");
+    }
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    let host = match (hosts.next(), hosts.next()) {
+        (Some(h), None) => match h.to_str() {
+            Ok(h) => h.trim(),
+            Err(_) => return fail("the Host header is not text"),
+        },
+        (None, _) => return fail("the request has no Host header"),
+        (Some(_), Some(_)) => return fail("the request has two Host headers"),
+    };
+    if let Err(why) = names_only(&raw, host) {
+        return fail(why);
+    }
+    let name = match addr::parse_authority(host, Some(port)) {
+        Ok(t) => t.host.to_string(),
+        Err(_) => host.to_string(),
+    };
+    match addr::parse_authority(&format!("{name}:{port}"), None) {
+        Ok(t @ Target { host: Host::Name(_), .. }) => Ok(t),
+        Ok(_) => Err((
+            host.to_string(),
+            "the client named an IP address, not a host: transparent mode decides host names".into(),
+        )),
+        Err(e) => Err((host.to_string(), format!("the client named an invalid host: {e}"))),
     }
 }
 
-/// A first request's target must name no host but `host`: origin-form (`/...`), `*`,
+/// A request's target must name no host but `host`: origin-form (`/...`), `*`,
 /// or an `http://` URL whose authority, parsed as strictly as a CONNECT target (no
 /// userinfo, no `%`), is the same host. Any other spelling could be read by the
 /// origin (or a proxy or CDN behind it) as another host than the one decided.
