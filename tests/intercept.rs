@@ -886,6 +886,27 @@ policy = "a"
             "git_write_denied",
         ),
         ("POST", "/api/graphql", r#"{"query":"query { viewer { login } }"}"#, 200, "\"method\":\"POST\""),
+        // JSON escapes spell the same mutation to GitHub; a body that is not JSON is not judged.
+        (
+            "POST",
+            "/api/graphql",
+            r#"{"query":"mutation { \u0063reateRef(input: {}) { x } }"}"#,
+            403,
+            "git_write_denied",
+        ),
+        ("POST", "/api/graphql", "query { viewer { login } }", 400, "bad_request"),
+        // A release creates its tag; keys and collaborators grant write access.
+        ("POST", "/api/v3/repos/acme/widgets/releases", r#"{"tag_name":"v9"}"#, 403, "git_ref_denied"),
+        (
+            "POST",
+            "/api/v3/repos/other/secret/keys",
+            r#"{"key":"ssh-ed25519 x","read_only":false}"#,
+            403,
+            "git_write_denied",
+        ),
+        ("PUT", "/api/v3/repos/acme/widgets/collaborators/evil", "", 403, "git_write_denied"),
+        ("POST", "/api/v3/repos/other/secret/dispatches", r#"{"event_type":"x"}"#, 403, "repo_not_connected"),
+        ("POST", "/api/v3/repos/acme/widgets/dispatches", r#"{"event_type":"x"}"#, 200, "\"method\":\"POST\""),
         ("GET", "/api/v3/repos/other/secret/git/refs", "", 200, "\"method\":\"GET\""),
     ];
     for (method, path, body, status, needle) in cases {

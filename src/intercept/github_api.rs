@@ -10,9 +10,10 @@ pub enum RefAt {
     /// In the path (`/git/refs/heads/x`).
     Path { name: String, delete: bool },
     /// In a JSON body field, with the prefix that makes it a full ref name; a body
-    /// without the field writes the default branch, which is judged as `HEAD`.
-    Body { field: &'static str, prefix: &'static str },
-    /// None: a write to the repository (tags, releases, objects, settings).
+    /// without the field writes the default branch, which is judged as `HEAD`, unless
+    /// `optional` (an edit that names a ref only when it moves one).
+    Body { field: &'static str, prefix: &'static str, optional: bool },
+    /// None: a write to the repository (objects, settings, who may write it).
     Repo,
     /// A GraphQL request: refused when it runs a mutation that writes refs
     /// ([`graphql_write`]), which names no repository the git rules could judge.
@@ -41,12 +42,74 @@ const REF_MUTATIONS: &[&str] = &[
     "archiverepository",
 ];
 
+/// Repository paths (after `/repos/OWNER/REPO/`, lower case) whose writes grant
+/// access to the repository.
+const ACCESS: &[&str] = &["keys", "collaborators", "invitations", "transfer"];
+
+/// Repository paths whose writes run code in the repository (hooks, dispatches,
+/// Actions) or change its rules: judged as a write to the repository, as a push is.
+const AUTOMATION: &[&str] = &[
+    "hooks",
+    "dispatches",
+    "actions",
+    "environments",
+    "rulesets",
+    "pages",
+    "autolinks",
+    "vulnerability-alerts",
+    "automated-security-fixes",
+    "interaction-limits",
+    "properties",
+];
+
+/// Whether `tail` is one of `paths` or below one.
+fn under(tail: &str, paths: &[&str]) -> bool {
+    paths.iter().any(|p| tail.strip_prefix(p).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
+}
+
 /// The ref-writing mutation a GraphQL body names, if any (matched in its text, so a
 /// batch, an alias or a variable cannot hide it).
+/// Every JSON string is read decoded as well (`\u0063reateRef` is `createRef` to
+/// GitHub), each occurrence of a key on its own (a parser that keeps the first of two
+/// `query` keys sees what one that keeps the last does not).
 pub fn graphql_write(body: &[u8]) -> Option<&'static str> {
-    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+    mutation_in(&String::from_utf8_lossy(body)).or_else(|| json_strings(body).find_map(|s| mutation_in(&s)))
+}
+
+/// The first of [`REF_MUTATIONS`] that `text` has as a word (GraphQL names are ASCII
+/// letters, digits and `_`, matched without regard to case).
+fn mutation_in(text: &str) -> Option<&'static str> {
+    let text = text.to_ascii_lowercase();
     let words: Vec<&str> = text.split(|c: char| !c.is_ascii_alphanumeric() && c != '_').collect();
     REF_MUTATIONS.iter().copied().find(|m| words.contains(m))
+}
+
+/// The string literals in a JSON text (keys and values, duplicates included), each
+/// decoded; a literal that does not decode is skipped (the body is refused as JSON
+/// elsewhere).
+fn json_strings(body: &[u8]) -> impl Iterator<Item = String> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        loop {
+            let start = at + body.get(at..)?.iter().position(|&b| b == b'"')?;
+            let mut i = start + 1;
+            while let Some(&b) = body.get(i) {
+                match b {
+                    b'\\' => i += 2,
+                    b'"' => break,
+                    _ => i += 1,
+                }
+            }
+            let end = (i + 1).min(body.len());
+            at = end;
+            if let Ok(s) = serde_json::from_slice::<String>(&body[start..end]) {
+                return Some(s);
+            }
+            if end >= body.len() {
+                return None;
+            }
+        }
+    })
 }
 
 /// A write through the API: the repository and where its ref is.
@@ -83,7 +146,7 @@ pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
     let tail_raw = parts.next().unwrap_or("");
     let tail = tail_raw.to_ascii_lowercase();
     let repo_name = format!("{owner}/{repo}");
-    let body = |field, prefix| RefAt::Body { field, prefix };
+    let body = |field, prefix| RefAt::Body { field, prefix, optional: false };
     let at = match (method.as_str(), tail.as_str()) {
         ("PATCH" | "DELETE", t) if t.starts_with("git/refs/") => {
             // The ref keeps its case: taken from the path as written (same length).
@@ -95,7 +158,23 @@ pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
         (_, t) if t.starts_with("contents/") || t == "contents" => body("branch", "refs/heads/"),
         (_, "merges") => body("base", "refs/heads/"),
         (_, t) if t.starts_with("merge") => body("branch", "refs/heads/"),
+        // A release creates its tag (`tag_name`) when the tag does not exist yet; an
+        // edit moves it only when it names one.
+        ("POST", "releases") => body("tag_name", "refs/tags/"),
+        ("PATCH", t) if t.starts_with("releases/") && !t.contains("/assets") => {
+            RefAt::Body { field: "tag_name", prefix: "refs/tags/", optional: true }
+        }
         (_, t) if t.starts_with("releases") || t.starts_with("tags") => RefAt::Repo,
+        // A workflow run on a ref runs that ref's code with the repository's secrets.
+        ("POST", t) if t.starts_with("actions/workflows/") && t.ends_with("/dispatches") => body("ref", "refs/heads/"),
+        // Who may write the repository: a deploy key or a collaborator could then push
+        // any ref, past every git rule.
+        (_, t) if under(t, ACCESS) => RefAt::Refused(
+            "writes that grant access to a repository (deploy keys, collaborators, invitations, transfers) are \
+             refused: the access they grant reaches past the git rules",
+        ),
+        // What runs in the repository and its rules: as a push.
+        (_, t) if under(t, AUTOMATION) => RefAt::Repo,
         // The branch a merge (or a branch update) writes is the pull request's, which
         // the request does not name: judged as `HEAD`, which no git.push pattern is.
         (_, t) if t.starts_with("pulls/") && (t.ends_with("/merge") || t.ends_with("/update-branch")) => {
@@ -122,13 +201,14 @@ pub fn subjects(w: &ApiWrite, body: Option<&serde_json::Value>) -> Vec<Subject> 
     let mut out = vec![Subject::Git { repo: w.repo.clone(), access: GitAccess::Write }];
     let reference = match &w.at {
         RefAt::Path { name, delete } => Some((name.clone(), *delete)),
-        RefAt::Body { field, prefix } => {
+        RefAt::Body { field, prefix, optional } => {
             let named = body.and_then(|b| b.get(*field)).and_then(|v| v.as_str());
-            Some(match named {
-                Some(n) if n.starts_with("refs/") => (n.to_string(), false),
-                Some(n) => (format!("{prefix}{n}"), false),
-                None => ("HEAD".to_string(), false),
-            })
+            match named {
+                Some(n) if n.starts_with("refs/") => Some((n.to_string(), false)),
+                Some(n) => Some((format!("{prefix}{n}"), false)),
+                None if *optional => None,
+                None => Some(("HEAD".to_string(), false)),
+            }
         }
         RefAt::Repo | RefAt::GraphQl | RefAt::Refused(_) => None,
     };
@@ -141,6 +221,25 @@ pub fn subjects(w: &ApiWrite, body: Option<&serde_json::Value>) -> Vec<Subject> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mutation_is_found_however_the_json_spells_it() {
+        let escaped = br#"{"query":"mutation { \u0063reateRef(input:{name:\"refs/heads/main\"}) { ref { id } } }"}"#;
+        assert_eq!(graphql_write(escaped), Some("createref"));
+        let twice =
+            br#"{"query":"mutation { \u0075pdateRef(input:{}) { clientMutationId } }","query":"{ viewer { login } }"}"#;
+        assert_eq!(graphql_write(twice), Some("updateref"));
+        let batch =
+            br#"[{"query":"{ viewer { login } }"},{"query":"mutation{m\u0065rgeBranch(input:{}){clientMutationId}}"}]"#;
+        assert_eq!(graphql_write(batch), Some("mergebranch"));
+        let plain = br#"{"query":"mutation { createRef(input:{}) { clientMutationId } }"}"#;
+        assert_eq!(graphql_write(plain), Some("createref"));
+        assert_eq!(graphql_write(br#"{"query":"{ viewer { login \"createRef\" } }"#), Some("createref"));
+        let read =
+            br#"{"query":"query { repository(owner:\"a\", name:\"b\") { refs(first: 5) { nodes { name } } } }"}"#;
+        assert_eq!(graphql_write(read), None);
+        assert_eq!(graphql_write(b"\"unterminated \\u0063reateRef"), None);
+    }
 
     #[test]
     fn writes_map_to_git_subjects() {
@@ -169,7 +268,23 @@ mod tests {
         );
         let s = subjects(&w, Some(&serde_json::json!({})));
         assert!(matches!(&s[1], Subject::Git { access: GitAccess::Ref { name, .. }, .. } if name == "HEAD"));
-        assert_eq!(write_of("POST", "/repos/a/b/releases").unwrap().at, RefAt::Repo);
+        let w = write_of("POST", "/repos/a/b/releases").unwrap();
+        let s = subjects(&w, Some(&serde_json::json!({"tag_name": "v9", "target_commitish": "main"})));
+        assert!(matches!(&s[1], Subject::Git { access: GitAccess::Ref { name, .. }, .. } if name == "refs/tags/v9"));
+        let w = write_of("PATCH", "/repos/a/b/releases/1").unwrap();
+        assert_eq!(subjects(&w, Some(&serde_json::json!({"body": "notes"}))).len(), 1, "an edit naming no tag");
+        let s = subjects(&w, Some(&serde_json::json!({"tag_name": "v10"})));
+        assert!(matches!(&s[1], Subject::Git { access: GitAccess::Ref { name, .. }, .. } if name == "refs/tags/v10"));
+        for path in ["keys", "Keys/", "collaborators/evil", "invitations/3", "transfer"] {
+            assert!(matches!(write_of("PUT", &format!("/repos/a/b/{path}")).unwrap().at, RefAt::Refused(_)), "{path}");
+        }
+        for path in ["dispatches", "hooks/1/tests", "actions/secrets/X", "rulesets"] {
+            assert_eq!(write_of("PUT", &format!("/repos/a/b/{path}")).unwrap().at, RefAt::Repo, "{path}");
+        }
+        assert_eq!(write_of("POST", "/repos/a/b/keysmith"), None);
+        let w = write_of("POST", "/repos/a/b/actions/workflows/ci.yml/dispatches").unwrap();
+        let s = subjects(&w, Some(&serde_json::json!({"ref": "main"})));
+        assert!(matches!(&s[1], Subject::Git { access: GitAccess::Ref { name, .. }, .. } if name == "refs/heads/main"));
         assert_eq!(
             write_of("PUT", "/repos/a/b/pulls/3/merge").unwrap().at,
             RefAt::Path { name: "HEAD".into(), delete: false }

@@ -123,6 +123,10 @@ pub async fn handle(
                         return finish(&mut rec, DenyReason::GitWriteDenied, None, &hint, Entry::Absolute);
                     }
                     let value = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+                    if value.is_none() && write.at == super::github_api::RefAt::GraphQl {
+                        let hint = "a GraphQL request to the GitHub API must be a JSON body the gateway can read";
+                        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+                    }
                     buffered = Some(bytes);
                     value
                 }
