@@ -49,7 +49,8 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
 /// The spellings of `secret` an upstream may echo besides the raw one: as JSON
 /// encoders write it (`\"` and `\\`; with `\/`; with `<>&` as `\u003c`, as Go does;
 /// every other byte but letters and digits as `\u00XX`, in either case of hex),
-/// percent-encoded (every byte but the unreserved ones, either case of hex), and in
+/// percent-encoded (every byte but the unreserved ones, or also leaving raw what
+/// Python's, JavaScript's and Go's encoders leave raw; either case of hex), and in
 /// upper or lower case. Each is redacted like the raw value. Other re-encodings
 /// (base64, hex of the whole value) are not recognised.
 pub fn echo_forms(secret: &str) -> Vec<String> {
@@ -74,6 +75,11 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
             })
         }));
         add(percent_escape(secret, upper));
+        // As common encoders leave some reserved bytes raw: Python's `quote` (`/`),
+        // JavaScript's `encodeURIComponent` (`!'()*`), Go's `url.PathEscape`.
+        for keep in [&b"/"[..], b"!'()*", b"$&+,/:;=@"] {
+            add(percent_escape_keeping(secret, upper, keep));
+        }
     }
     add(secret.to_ascii_uppercase());
     add(secret.to_ascii_lowercase());
@@ -83,9 +89,14 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
 /// Percent-encodes every byte of `s` but the unreserved ones (RFC 3986), in upper- or
 /// lower-case hex.
 pub fn percent_escape(s: &str, upper: bool) -> String {
+    percent_escape_keeping(s, upper, b"")
+}
+
+/// [`percent_escape`], leaving the bytes in `keep` raw too.
+fn percent_escape_keeping(s: &str, upper: bool, keep: &[u8]) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
             out.push(b as char);
         } else if upper {
             out.push_str(&format!("%{b:02X}"));
@@ -315,18 +326,21 @@ mod tests {
             vec!["sk-plain_123", "sk\\u002dplain\\u005f123", "sk\\u002Dplain\\u005F123", "SK-PLAIN_123"],
             "unreserved bytes need no percent form"
         );
-        assert_eq!(
-            echo_forms("sk/a+b="),
-            vec![
-                "sk/a+b=",
-                "sk\\/a+b=",
-                "sk\\u002fa\\u002bb\\u003d",
-                "sk%2fa%2bb%3d",
-                "sk\\u002Fa\\u002Bb\\u003D",
-                "sk%2Fa%2Bb%3D",
-                "SK/A+B=",
-            ]
-        );
+        let forms = echo_forms("sk/a+b=");
+        for form in [
+            "sk/a+b=",
+            "sk\\/a+b=",
+            "sk\\u002fa\\u002bb\\u003d",
+            "sk%2fa%2bb%3d",
+            "sk\\u002Fa\\u002Bb\\u003D",
+            "sk%2Fa%2Bb%3D",
+            "SK/A+B=",
+            // Python's quote, in either case of hex; Go's PathEscape leaves all three raw.
+            "sk/a%2Bb%3D",
+            "sk/a%2bb%3d",
+        ] {
+            assert!(forms.iter().any(|f| f == form), "{form} in {forms:?}");
+        }
         let go = echo_forms("k<&>\"\\");
         for form in ["k\\u003c\\u0026\\u003e\\\"\\\\", "k<&>\\\"\\\\", "K<&>\"\\"] {
             assert!(go.iter().any(|f| f == form), "{form} in {go:?}");

@@ -180,6 +180,12 @@ async fn route(
         None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    // A route does not upgrade: a `101` would leave the client waiting on a protocol
+    // the gateway never relays.
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let detail = "the API answered 101 Switching Protocols; routes do not upgrade connections";
+        return finish(&mut rec, DenyReason::UpstreamUnreachable, Some(StatusCode::BAD_GATEWAY), detail, entry);
+    }
     // The redactor matches raw bytes: a compressed echo of the key would pass it. The
     // upstream was asked for `identity`; anything else is refused, never passed on.
     // A transfer coding other than chunked (which hyper decodes) would pass encoded

@@ -573,3 +573,24 @@ except Exception as e:
     assert!(text.contains("status 401 auth_invalid"), "{text} {}", String::from_utf8_lossy(&out.stderr));
     assert!(w.github.recorded().is_empty());
 }
+
+#[test]
+fn a_github_that_echoes_the_token_never_hands_it_to_the_sandbox() {
+    let w = world_with(3600, "5m", Some("ghp_STATICtoken0123456789"));
+    let auth = support::basic("sbx-a", TOKEN_A);
+    let resp = raw::request(
+        w.gw.addr,
+        format!(
+            "GET /github.test/acme/tools-echo.git/info/refs?service=git-upload-pack HTTP/1.1\r\nHost: gw\r\n\
+             Authorization: {auth}\r\n\r\n"
+        ),
+    );
+    assert_eq!(status(&resp), 302, "{resp}");
+    assert_eq!(w.github.recorded().len(), 1, "the request reached the echoing upstream");
+    let basic =
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "x-access-token:ghp_STATICtoken0123456789");
+    for leaked in ["ghp_STATICtoken0123456789", basic.as_str()] {
+        assert!(!resp.contains(leaked), "{leaked} in {resp}");
+    }
+    assert!(resp.contains("[REDACTED]"), "{resp}");
+}

@@ -409,3 +409,14 @@ fn escaped_echoes_of_the_key_are_redacted_and_underscore_names_stripped() {
     }
     assert_eq!(resp.matches("[REDACTED]").count(), 5, "header, JSON, URL, \\u and upper-case echoes: {resp}");
 }
+
+#[test]
+fn an_upstream_101_on_a_route_is_a_502_not_a_hang() {
+    let w = world("paths = [\"/ws\"]\n");
+    let resp = raw::request(
+        w.gw.addr,
+        format!("GET /routes/api/ws HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status(&resp), 502, "{resp}");
+    assert!(resp.contains("routes do not upgrade"), "{resp}");
+}

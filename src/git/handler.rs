@@ -212,9 +212,9 @@ async fn route_git(
 
     let uri = format!("{}{}", gh.web_url.to_string().trim_end_matches('/'), git.upstream_path());
     let mut up = Request::builder().method(parts.method.clone()).uri(uri);
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{}", token.expose()));
     if let Some(h) = up.headers_mut() {
         copy_git_headers(&parts.headers, h);
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{}", token.expose()));
         if let Ok(v) = HeaderValue::from_str(&format!("Basic {basic}")) {
             let mut v = v;
             v.set_sensitive(true);
@@ -244,6 +244,13 @@ async fn route_git(
     strip_upstream_response(&mut parts, false);
     for h in [header::SET_COOKIE, header::WWW_AUTHENTICATE] {
         parts.headers.remove(h);
+    }
+    // The token never goes back in a head (a `Location` that carries it, an echoed
+    // header), nor does the upstream's own reason phrase, which is not redacted.
+    // Bodies (packs) are not scanned: the upstream is GitHub's, not the sandbox's.
+    parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+    for form in crate::redact::echo_forms(token.expose()).iter().chain([&basic]) {
+        crate::redact::headers(&mut parts.headers, form);
     }
     let body = Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);

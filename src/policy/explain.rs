@@ -118,7 +118,10 @@ pub fn hint(policy: &Policy, reason: DenyReason, subject: &Subject, decision: &D
             Some(_) if !policy.route_allows_method(route, method) => {
                 format!("method {method} is not allowed on route {route}")
             }
-            Some(_) => format!("path {} is not allowed on route {route}", path_only(path)),
+            Some(_) => match path_only(path) {
+                "" => format!("an empty path is not allowed on route {route}"),
+                p => format!("path {p} is not allowed on route {route}"),
+            },
         }),
         (DenyReason::BadRequest, Subject::Route { .. }) => Some("path traversal is not allowed".into()),
         (DenyReason::BadRequest, Subject::Request { .. }) => {

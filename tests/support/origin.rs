@@ -190,6 +190,27 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
             .body(full(""))
             .expect("response");
     }
+    if ctx.github_layout && path.contains("/tools-echo.git/") {
+        // A GitHub that echoes the credential it was sent: in a header, a redirect and
+        // its reason phrase.
+        let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let token = auth
+            .strip_prefix("Basic ")
+            .and_then(|b| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b).ok())
+            .and_then(|d| String::from_utf8(d).ok())
+            .and_then(|d| d.strip_prefix("x-access-token:").map(str::to_string))
+            .unwrap_or_default();
+        let mut resp = Response::builder()
+            .status(StatusCode::FOUND)
+            .header("x-echo", auth.as_str())
+            .header("x-token", token.as_str())
+            .header("location", format!("https://elsewhere.test/x?auth={}", auth.replace(' ', "%20")))
+            .body(full("moved"))
+            .expect("response");
+        resp.extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::try_from(format!("Found {token}").into_bytes()).expect("phrase"));
+        return resp;
+    }
     if ctx.github_layout
         && let Some(root) = ctx.git_root.clone()
     {
