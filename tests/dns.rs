@@ -329,3 +329,57 @@ fn a_client_that_never_reads_loses_its_tcp_slot() {
     }
     drop(hog);
 }
+
+/// An answer over TCP is not held back because part of the next query arrived with
+/// the one it answers: the client is still writing that query (the idle timeout here
+/// is 30 s, so a held answer fails the 3 s read).
+#[test]
+fn a_tcp_answer_goes_out_though_part_of_the_next_query_came_with_its_own() {
+    use std::io::{Read, Write};
+    let (_gw, dns) = gateway("tcp_idle_timeout = \"30s\"\n");
+    let q = query("gateway.sandbox.internal.", RecordType::A, None).to_vec().unwrap();
+    for partial in [1, 5] {
+        let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&q);
+        let next_len = (q.len() as u16).to_be_bytes();
+        framed.extend(next_len.iter().chain(&q).take(partial));
+        let mut s = std::net::TcpStream::connect(dns).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        s.write_all(&framed).unwrap();
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len).unwrap_or_else(|e| panic!("with {partial} byte(s) of the next query: {e}"));
+        let mut body = vec![0u8; u16::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        assert_eq!(Message::from_vec(&body).unwrap().metadata.id, Message::from_vec(&q).unwrap().metadata.id);
+    }
+}
+
+/// An answer longer than the client's UDP payload size is cut to the header (TC), the
+/// question and the OPT record, never in the middle of a record; TCP carries it whole.
+#[test]
+fn a_long_udp_answer_is_truncated_whole_and_tcp_carries_it() {
+    let addresses: Vec<String> = (1..=100).map(|i| format!("\"127.0.1.{i}\"")).collect();
+    let config = format!(
+        "[resolver]\nnameservers = [\"127.0.0.1:9\"]\nhosts_file = false\n\n[dns]\nlisten = \"127.0.0.1:0\"\n\
+         hostnames = [\"gateway.sandbox.internal\"]\naddresses = [{}]\n",
+        addresses.join(", ")
+    );
+    let gw = TestGateway::start(&config, "");
+    let dns = gw.dns_addr();
+    for payload in [None, Some(700u16)] {
+        let edns = payload.map(|p| {
+            let mut e = Edns::new();
+            e.set_max_payload(p);
+            e
+        });
+        let q = query("gateway.sandbox.internal.", RecordType::A, edns);
+        let raw = udp_raw(dns, &q.to_vec().unwrap()).expect("a UDP answer");
+        assert!(raw.len() <= usize::from(payload.unwrap_or(512)), "{} bytes", raw.len());
+        let r = Message::from_vec(&raw).expect("a well-formed truncated answer");
+        assert!(r.metadata.truncation && r.answers.is_empty(), "{r:?}");
+        assert_eq!(r.queries.len(), 1);
+        assert_eq!(r.edns.as_ref().map(|e| e.max_payload()).is_some(), payload.is_some(), "{r:?}");
+        let whole = tcp(dns, &q);
+        assert_eq!(whole.answers.len(), 100);
+    }
+}

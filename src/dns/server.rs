@@ -248,7 +248,16 @@ async fn serve_tcp(
 /// Serves length-prefixed messages on one connection until it closes, errs, or idles
 /// (reading a message, or writing answers the client does not read).
 /// Reads are buffered and answers to pipelined queries are written together, once no
-/// further query is already buffered: one read and one write per burst, not per query.
+/// further whole query is already buffered: one read and one write per burst, not per
+/// query, and never an answer held back behind part of the next query.
+/// Whether `buf` starts with a whole length-prefixed message.
+fn holds_a_message(buf: &[u8]) -> bool {
+    match buf {
+        [hi, lo, rest @ ..] => rest.len() >= usize::from(u16::from_be_bytes([*hi, *lo])),
+        _ => false,
+    }
+}
+
 async fn tcp_connection(stream: TcpStream, peer: SocketAddr, handler: &Handler, idle: Duration) {
     let (r, mut w) = stream.into_split();
     let mut r = tokio::io::BufReader::with_capacity(16 * 1024, r);
@@ -268,7 +277,7 @@ async fn tcp_connection(stream: TcpStream, peer: SocketAddr, handler: &Handler, 
         let Ok(reply_len) = u16::try_from(reply.len()) else { break };
         out.extend_from_slice(&reply_len.to_be_bytes());
         out.extend_from_slice(&reply);
-        if r.buffer().is_empty() || out.len() >= 16 * 1024 {
+        if !holds_a_message(r.buffer()) || out.len() >= 16 * 1024 {
             // A client that sends but never reads must not hold its slot: a write
             // that cannot finish within the idle timeout ends the connection.
             if !matches!(tokio::time::timeout(idle, w.write_all(&out)).await, Ok(Ok(()))) {

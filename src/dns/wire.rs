@@ -40,18 +40,33 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
     }
 }
 
-/// A bare FORMERR header echoing the query's id and opcode.
+/// A bare FORMERR header echoing the query's id, opcode and RD bit (RFC 1035 4.1.1:
+/// RD is copied into the response).
 pub fn formerr(raw: &[u8]) -> Vec<u8> {
     let mut h = vec![0u8; 12];
     h[..2].copy_from_slice(&raw[..2]);
-    h[2] = 0x80 | (raw[2] & 0x78); // QR, original opcode
+    h[2] = 0x80 | (raw[2] & 0x79); // QR, original opcode, RD
     h[3] = 0x01; // FORMERR
     h
 }
 
+/// An answer too long for the client's UDP payload size, cut to what RFC 1035 (4.1.1)
+/// and RFC 6891 (7) ask for: the header with TC set, the question, and the OPT record
+/// (so the client still learns the payload size), without a record cut in half. The
+/// client asks again over TCP.
+fn truncated(full: &[u8]) -> Option<Vec<u8>> {
+    let mut m = hickory_proto::op::Message::from_vec(full).ok()?;
+    m.answers.clear();
+    m.authorities.clear();
+    m.additionals.clear();
+    m.signature = None;
+    m.metadata.truncation = true;
+    m.to_vec().ok()
+}
+
 /// Collects the encoded response for the socket loop to send. Over UDP the message is
-/// bounded by the response's EDNS payload size (512 without EDNS) and truncated (TC)
-/// beyond it.
+/// bounded by the response's EDNS payload size (512 without EDNS) and truncated (TC,
+/// [`truncated`]) beyond it.
 #[derive(Clone)]
 struct Responder {
     protocol: Protocol,
@@ -83,8 +98,11 @@ impl ResponseHandler for Responder {
         };
         let mut bytes = Vec::with_capacity(512);
         let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(max);
+        encoder.set_max_size(u16::MAX);
         let info = response.destructive_emit(&mut encoder).map_err(|e| NetError::from(e.to_string()))?;
+        if bytes.len() > usize::from(max) {
+            bytes = truncated(&bytes).ok_or_else(|| NetError::from("the answer cannot be truncated".to_string()))?;
+        }
         if let Ok(mut slot) = self.out.lock() {
             *slot = Some(bytes);
         }
