@@ -313,13 +313,30 @@ async fn race(addrs: Vec<SocketAddr>, deadline: Instant) -> Result<(TcpStream, S
 }
 
 /// Whether `addr` reaches one of the gateway's own listeners `own`: the same port at the
-/// listener's address, or on loopback when it listens on loopback or every address.
+/// listener's address, or on loopback when it listens on loopback or every address, or
+/// on any of this host's own addresses when it listens on every address.
 pub fn is_own(own: &[SocketAddr], addr: SocketAddr) -> bool {
+    is_own_with(own, addr, is_local_address)
+}
+
+/// [`is_own`], with `is_local` telling whether an address is one of this host's.
+/// Asked only for a port some listener on every address has.
+pub fn is_own_with(own: &[SocketAddr], addr: SocketAddr, is_local: impl Fn(IpAddr) -> bool) -> bool {
     own.iter().any(|l| {
         l.port() == addr.port()
             && (l.ip() == addr.ip()
                 || (addr.ip().is_loopback() && (l.ip().is_loopback() || l.ip().is_unspecified()))
-                || (l.ip().is_unspecified() && addr.ip().is_unspecified()))
+                || (l.ip().is_unspecified() && (addr.ip().is_unspecified() || is_local(addr.ip()))))
+    })
+}
+
+/// Whether `ip` is an address of one of this host's interfaces, as they are now (an
+/// interface list that cannot be read counts every address as local: refused).
+fn is_local_address(ip: IpAddr) -> bool {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return true };
+    addrs.filter_map(|i| i.address).any(|a| {
+        a.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())) == Some(ip)
+            || a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())) == Some(ip)
     })
 }
 
@@ -359,6 +376,11 @@ mod tests {
         assert!(is_own(&own, a("[::1]:4002")));
         assert!(!is_own(&own, a("127.0.0.1:8080")));
         assert!(!is_own(&own, a("192.0.2.1:9090")));
+        // A listener on every address is reached through each of the host's own.
+        let host_ip = |ip: IpAddr| ip == a("192.0.2.7:0").ip();
+        assert!(is_own_with(&own, a("192.0.2.7:4002"), host_ip));
+        assert!(!is_own_with(&own, a("192.0.2.8:4002"), host_ip));
+        assert!(!is_own_with(&own, a("192.0.2.7:9090"), host_ip), "9090 listens on loopback only");
     }
 
     #[test]
