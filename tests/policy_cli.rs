@@ -269,6 +269,21 @@ policy = "pushy"
 }
 
 #[test]
+fn lint_warns_when_a_sandbox_may_send_trusted_proxy_headers() {
+    let policy = "[policies.p]\nallow = [\"ok.example.org\"]\n\n[[sandboxes]]\nid = \"s\"\ntoken_sha256 = \"@HASH@\"\n\
+                  policy = \"p\"\naddresses = [\"10.0.5.0/24\"]\n";
+    let trusted = "[proxy]\nproxy_protocol = \"optional\"\ntrusted_proxies = [\"10.0.0.0/8\"]\n";
+    let (_d, cfg) = setup(policy, trusted);
+    let (code, out, _) = text(&bin(&["policy", "lint", "--config", s(&cfg)]));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("sandboxes.s.addresses: overlaps proxy.trusted_proxies (10.0.0.0/8)"), "{out}");
+    let apart = "[proxy]\nproxy_protocol = \"optional\"\ntrusted_proxies = [\"10.9.0.1/32\"]\n";
+    let (_d, cfg) = setup(policy, apart);
+    let (_, out, _) = text(&bin(&["policy", "lint", "--config", s(&cfg)]));
+    assert!(out.contains("0 errors, 0 warnings"), "{out}");
+}
+
+#[test]
 fn replay_summarises_changes_and_gates_on_new_denials() {
     let (d, cfg) = setup(POLICY, "");
     let log = d.path().join("access.jsonl");

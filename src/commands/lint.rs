@@ -1,7 +1,7 @@
 //! `egress-gateway policy lint`: errors for what would fail to load, warnings for
 //! likely mistakes: wildcards over a public suffix, allow rules a deny rule fully
 //! shadows, duplicates, IP rules inside `egress.deny`, push rules without repos,
-//! policies no sandbox uses.
+//! policies no sandbox uses, sandbox addresses inside `proxy.trusted_proxies`.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -60,8 +60,35 @@ pub fn lint(cfg: &Config, set: &PolicySet) -> Vec<Warning> {
         }
         lint_policy(cfg, policy, &mut out);
     }
+    lint_trusted_proxies(cfg, set, &mut out);
     out.sort_by(|a, b| a.location.cmp(&b.location).then(a.subject.cmp(&b.subject)));
     out
+}
+
+/// A sandbox whose `addresses` overlap `proxy.trusted_proxies` may send a PROXY header
+/// of its own, naming any source address, and so pose as any other sandbox.
+fn lint_trusted_proxies(cfg: &Config, set: &PolicySet, out: &mut Vec<Warning>) {
+    if cfg.proxy.proxy_protocol == config::ProxyProtocol::Off {
+        return;
+    }
+    let mut ids: Vec<&String> = set.sandboxes.keys().collect();
+    ids.sort();
+    for id in ids {
+        let Some(sandbox) = set.sandboxes.get(id) else { continue };
+        let overlap = sandbox.addresses.iter().find_map(|a| {
+            cfg.proxy.trusted_proxies.iter().find(|t| t.contains(&a.network()) || a.contains(&t.network()))
+        });
+        if let Some(trusted) = overlap {
+            out.push(Warning {
+                location: String::new(),
+                subject: format!("sandboxes.{id}.addresses"),
+                message: format!(
+                    "overlaps proxy.trusted_proxies ({trusted}): the sandbox may send a PROXY header naming another \
+                     sandbox's address and pass as it"
+                ),
+            });
+        }
+    }
 }
 
 fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
