@@ -213,4 +213,8 @@ pub enum Entry {
     /// Origin-form on the gateway itself (git, API routes): credentials may also come
     /// in `Authorization` (after a `401` challenge) or an API key header.
     Origin,
+    /// A request whose sandbox the connection established (a transparent listener's
+    /// source address, an inspected connection's CONNECT): no credential can be asked
+    /// of it, so a credentials refusal is `403`, without a challenge.
+    Identified,
 }

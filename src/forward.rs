@@ -235,9 +235,10 @@ async fn decide_and_send(
         state.generation,
         conn.vpce.clone(),
     );
-    let reject = |rec: &mut AccessRecord, reason: DenyReason, hint: &str| {
-        door::refuse(rec, Refusal::new(reason, hint), Entry::Absolute)
-    };
+    // A transparent listener's request has its sandbox from its address: no challenge.
+    let entry = if kind == Kind::Transparent { Entry::Identified } else { Entry::Absolute };
+    let reject =
+        |rec: &mut AccessRecord, reason: DenyReason, hint: &str| door::refuse(rec, Refusal::new(reason, hint), entry);
     // Only a refused request that never parsed needs its raw target recorded.
     let refuse = |rec: &mut AccessRecord, hint: &str| {
         rec.target = raw_target(&req.uri().to_string()).into();
@@ -263,7 +264,7 @@ async fn decide_and_send(
 
     let identity = match door::identified(door, &state, conn, Presented::proxy(req.headers())) {
         Ok(i) => i,
-        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+        Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
     // A host the policy inspects is decided request by request, in plain HTTP too.
     let inspected = identity.policy.inspects(&target).is_some();
@@ -277,7 +278,7 @@ async fn decide_and_send(
     let sandbox = identity.sandbox.clone();
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
         Ok(a) => Arc::new(a.hold),
-        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+        Err(refusal) => return door::refuse(&mut rec, refusal, entry),
     };
     // Placeholder secrets are replaced only inside inspected TLS: over plain HTTP one is
     // refused, never sent (and never swapped for a value that would travel in clear).
@@ -307,7 +308,7 @@ async fn decide_and_send(
     }
     let line = charge_head(&hold, Dir::Up, request_line_len(&req), req.headers());
     if let Err(refusal) = line {
-        return door::refuse(&mut rec, refusal, Entry::Absolute);
+        return door::refuse(&mut rec, refusal, entry);
     }
 
     let wants_upgrade = is_upgrade(req.headers());
@@ -359,7 +360,7 @@ async fn decide_and_send(
     rec.status = resp.status().as_u16();
     // The status line: `HTTP/1.1 200 OK\r\n` and a reason phrase.
     if let Err(refusal) = charge_head(&hold, Dir::Down, 32, resp.headers()) {
-        return door::refuse(&mut rec, refusal, Entry::Absolute);
+        return door::refuse(&mut rec, refusal, entry);
     }
 
     if inspected && resp.status() == StatusCode::SWITCHING_PROTOCOLS && !is_websocket_upgrade(resp.headers()) {

@@ -108,7 +108,7 @@ async fn route(
             }
             None => return finish(&mut rec, DenyReason::BadRequest, None, "no such route", entry),
         },
-        Entry::Absolute => {
+        Entry::Absolute | Entry::Identified => {
             let host = req.uri().host().unwrap_or_default();
             (routes.iter().filter(|r| r.host.eq_ignore_ascii_case(host)).collect(), path_and_query.clone())
         }

@@ -252,7 +252,7 @@ pub async fn http_request(
         Ok(t) => t,
         Err((raw, hint)) => {
             rec.target = crate::access_log::raw_target(&raw).into();
-            let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
+            let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Identified);
             return Err(crate::door::bodies::refuse_request(req, idle, resp).await);
         }
     };
@@ -261,9 +261,7 @@ pub async fn http_request(
         Ok(i) => i,
         Err(e) => {
             // No proxy authentication exists here: an unidentified client is forbidden.
-            let refusal = Refusal::new(e.reason(), e.to_string()).with_status(http::StatusCode::FORBIDDEN);
-            let mut resp = door::refuse(&mut rec, refusal, Entry::Absolute);
-            resp.headers_mut().remove(http::header::PROXY_AUTHENTICATE);
+            let resp = door::refuse(&mut rec, Refusal::new(e.reason(), e.to_string()), Entry::Identified);
             return Err(crate::door::bodies::refuse_request(req, idle, resp).await);
         }
     };
@@ -274,7 +272,7 @@ pub async fn http_request(
         Err(e) => {
             rec.target = crate::access_log::raw_target(&req.uri().to_string()).into();
             let hint = format!("the request target cannot be forwarded: {e}");
-            let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
+            let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Identified);
             return Err(crate::door::bodies::refuse_request(req, idle, resp).await);
         }
     }

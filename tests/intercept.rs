@@ -837,6 +837,7 @@ upstream_ca_file = "{ca}"
     let policy = format!(
         r#"
 [policies.a]
+mode = "report"
 inspect = ["api.test:*"]
 git = {{ repos = ["acme/widgets"], push = ["refs/heads/agent/*"] }}
 [[policies.a.requests]]
@@ -905,6 +906,10 @@ policy = "a"
             "git_write_denied",
         ),
         ("PUT", "/api/v3/repos/acme/widgets/collaborators/evil", "", 403, "git_write_denied"),
+        ("PUT", "/api/v3/orgs/acme/teams/agents/repos/acme/widgets", "", 403, "git_write_denied"),
+        // GitHub reads `heads%2Fmain` as `heads/main`: a write the git rules cannot
+        // judge is refused, in report mode too.
+        ("PATCH", "/api/v3/repos/acme/widgets/git/refs/heads%2Fmain", r#"{"sha":"x"}"#, 400, "bad_request"),
         ("POST", "/api/v3/repos/other/secret/dispatches", r#"{"event_type":"x"}"#, 403, "repo_not_connected"),
         ("POST", "/api/v3/repos/acme/widgets/dispatches", r#"{"event_type":"x"}"#, 200, "\"method\":\"POST\""),
         ("GET", "/api/v3/repos/other/secret/git/refs", "", 200, "\"method\":\"GET\""),

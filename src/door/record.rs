@@ -69,7 +69,12 @@ pub fn refuse(rec: &mut AccessRecord, refusal: Refusal, entry: Entry) -> Respons
         resp.headers_mut().remove(PROXY_AUTHENTICATE);
         resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(respond::REALM));
     }
-    if status.is_some() || entry == Entry::Origin {
+    let challenged = resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+    if entry == Entry::Identified && challenged {
+        *resp.status_mut() = StatusCode::FORBIDDEN;
+        resp.headers_mut().remove(PROXY_AUTHENTICATE);
+    }
+    if status.is_some() || entry == Entry::Origin || (entry == Entry::Identified && challenged) {
         respond::rephrase(&mut resp, reason, hint.as_deref());
     }
     if let Some((name, retry_after)) = budget {
@@ -134,4 +139,28 @@ pub fn budget_ended(rec: &mut AccessRecord, end: crate::relay::End, meter: Optio
         bytes_down = rec.bytes_down,
         "tunnel closed: its sandbox spent a byte budget"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access_log::Kind;
+
+    fn refused(reason: DenyReason, entry: Entry) -> Response<ProxyBody> {
+        let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let mut rec = AccessRecord::new(Kind::Transparent, "GET", "x.test:80", peer, 1);
+        refuse(&mut rec, Refusal::new(reason, "why"), entry)
+    }
+
+    #[test]
+    fn a_request_identified_by_its_connection_is_never_challenged() {
+        for reason in [DenyReason::AuthInvalid, DenyReason::AuthRequired] {
+            let resp = refused(reason, Entry::Identified);
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+            assert!(!resp.headers().contains_key(PROXY_AUTHENTICATE));
+            assert!(!resp.headers().contains_key(WWW_AUTHENTICATE));
+            assert_eq!(refused(reason, Entry::Absolute).status(), StatusCode::PROXY_AUTHENTICATION_REQUIRED);
+        }
+        assert_eq!(refused(DenyReason::HostDenied, Entry::Identified).status(), StatusCode::FORBIDDEN);
+    }
 }

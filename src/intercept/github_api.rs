@@ -18,6 +18,9 @@ pub enum RefAt {
     /// A GraphQL request: refused when it runs a mutation that writes refs
     /// ([`graphql_write`]), which names no repository the git rules could judge.
     GraphQl,
+    /// A branch rename: the old ref (deleted) and the new one, named in the body's
+    /// `new_name` (created).
+    Rename { from: String },
     /// A write the git rules cannot judge, refused with this reason.
     Refused(&'static str),
 }
@@ -40,6 +43,18 @@ const REF_MUTATIONS: &[&str] = &[
     "clonetemplaterepository",
     "updaterepository",
     "archiverepository",
+    "unarchiverepository",
+    "createlinkedbranch",
+    "enqueuepullrequest",
+    "createrepositoryruleset",
+    "updaterepositoryruleset",
+    "deleterepositoryruleset",
+    "createenvironment",
+    "updateenvironment",
+    "deleteenvironment",
+    "updateteamsrepository",
+    "addenterpriseorganizationmember",
+    "updaterepositorywebcommitsignoffsetting",
 ];
 
 /// Repository paths (after `/repos/OWNER/REPO/`, lower case) whose writes grant
@@ -61,6 +76,21 @@ const AUTOMATION: &[&str] = &[
     "interaction-limits",
     "properties",
 ];
+
+/// Whether a write to `path` grants access through an organisation or a team: a
+/// team's repositories (`/orgs/O/teams/T/repos/O/R`, `/teams/ID/repos/O/R`), members,
+/// memberships, outside collaborators, invitations.
+fn grants_org_access(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    if !(lower.starts_with("/orgs/") || lower.starts_with("/teams/")) {
+        return false;
+    }
+    let segments: Vec<&str> = lower.split('/').collect();
+    segments.iter().enumerate().any(|(i, s)| {
+        matches!(*s, "members" | "memberships" | "outside_collaborators" | "invitations" | "security-managers")
+            || (*s == "repos" && segments.get(i + 1).is_some_and(|next| !next.is_empty()))
+    })
+}
 
 /// Whether `tail` is one of `paths` or below one.
 fn under(tail: &str, paths: &[&str]) -> bool {
@@ -112,6 +142,11 @@ fn json_strings(body: &[u8]) -> impl Iterator<Item = String> + '_ {
     })
 }
 
+/// Whether `method` may write: every method but the safe ones.
+pub fn is_write(method: &str) -> bool {
+    !["GET", "HEAD", "OPTIONS"].iter().any(|m| m.eq_ignore_ascii_case(method))
+}
+
 /// A write through the API: the repository and where its ref is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiWrite {
@@ -123,8 +158,10 @@ pub struct ApiWrite {
 /// decide. Matched without regard to case or trailing slashes; every method but the
 /// safe ones is a write, an unknown one the strictest (a delete).
 pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
+    if !is_write(method) {
+        return None;
+    }
     let method = match method.to_ascii_uppercase().as_str() {
-        "GET" | "HEAD" | "OPTIONS" => return None,
         m @ ("POST" | "PUT" | "PATCH" | "DELETE") => m.to_string(),
         _ => "DELETE".to_string(),
     };
@@ -135,6 +172,11 @@ pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
     // A repository by id names no owner/name the git rules know.
     if trimmed.get(..14).is_some_and(|p| p.eq_ignore_ascii_case("/repositories/")) {
         let why = "writes through /repositories/ID are refused: use /repos/OWNER/REPO, which the git rules judge";
+        return Some(ApiWrite { repo: String::new(), at: RefAt::Refused(why) });
+    }
+    if grants_org_access(trimmed) {
+        let why = "organisation and team writes that grant access (team repositories, members, outside \
+                   collaborators, invitations) are refused: the access they grant reaches past the git rules";
         return Some(ApiWrite { repo: String::new(), at: RefAt::Refused(why) });
     }
     let raw = trimmed.get(..7).filter(|p| p.eq_ignore_ascii_case("/repos/")).and(trimmed.get(7..))?;
@@ -182,6 +224,14 @@ pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
         }
         // The repository itself: settings (the default branch), its deletion.
         ("PATCH" | "DELETE", "") => RefAt::Repo,
+        ("POST", t) if t.starts_with("branches/") && t.ends_with("/rename") => {
+            let branch = tail_raw.get("branches/".len()..).unwrap_or_default().split('/').next().unwrap_or("");
+            RefAt::Rename { from: format!("refs/heads/{branch}") }
+        }
+        // A new repository from this template: no git rule names it.
+        ("POST", "generate") => RefAt::Refused(
+            "creating a repository from a template is refused: the new repository is not one the git rules name",
+        ),
         (_, t) if t.starts_with("branches/") => {
             let branch = tail_raw.get("branches/".len()..).unwrap_or_default().split('/').next().unwrap_or("");
             RefAt::Path { name: format!("refs/heads/{branch}"), delete: true }
@@ -199,6 +249,17 @@ pub fn subjects(w: &ApiWrite, body: Option<&serde_json::Value>) -> Vec<Subject> 
         return Vec::new();
     }
     let mut out = vec![Subject::Git { repo: w.repo.clone(), access: GitAccess::Write }];
+    if let RefAt::Rename { from } = &w.at {
+        let to = match body.and_then(|b| b.get("new_name")).and_then(|v| v.as_str()) {
+            Some(n) if n.starts_with("refs/") => n.to_string(),
+            Some(n) => format!("refs/heads/{n}"),
+            None => "HEAD".to_string(),
+        };
+        for (name, delete) in [(from.clone(), true), (to, false)] {
+            out.push(Subject::Git { repo: w.repo.clone(), access: GitAccess::Ref { name, delete } });
+        }
+        return out;
+    }
     let reference = match &w.at {
         RefAt::Path { name, delete } => Some((name.clone(), *delete)),
         RefAt::Body { field, prefix, optional } => {
@@ -210,7 +271,7 @@ pub fn subjects(w: &ApiWrite, body: Option<&serde_json::Value>) -> Vec<Subject> 
                 None => Some(("HEAD".to_string(), false)),
             }
         }
-        RefAt::Repo | RefAt::GraphQl | RefAt::Refused(_) => None,
+        RefAt::Repo | RefAt::GraphQl | RefAt::Rename { .. } | RefAt::Refused(_) => None,
     };
     if let Some((name, delete)) = reference {
         out.push(Subject::Git { repo: w.repo.clone(), access: GitAccess::Ref { name, delete } });
@@ -282,6 +343,32 @@ mod tests {
             assert_eq!(write_of("PUT", &format!("/repos/a/b/{path}")).unwrap().at, RefAt::Repo, "{path}");
         }
         assert_eq!(write_of("POST", "/repos/a/b/keysmith"), None);
+        for path in [
+            "/orgs/acme/teams/agents/repos/acme/widgets",
+            "/teams/42/repos/acme/widgets",
+            "/orgs/acme/memberships/evil",
+            "/orgs/acme/outside_collaborators/evil",
+            "/orgs/acme/invitations",
+            "/Teams/42/Members/evil",
+        ] {
+            assert!(matches!(write_of("PUT", path).unwrap().at, RefAt::Refused(_)), "{path}");
+        }
+        assert_eq!(write_of("POST", "/orgs/acme/repos"), None, "a new repository grants nothing on an old one");
+        assert!(matches!(write_of("POST", "/repos/a/b/generate").unwrap().at, RefAt::Refused(_)));
+        let w = write_of("POST", "/repos/a/b/branches/scratch/rename").unwrap();
+        let s = subjects(&w, Some(&serde_json::json!({"new_name": "main-hotfix"})));
+        let refs: Vec<(String, bool)> = s
+            .iter()
+            .filter_map(|s| match s {
+                Subject::Git { access: GitAccess::Ref { name, delete }, .. } => Some((name.clone(), *delete)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refs, [("refs/heads/scratch".to_string(), true), ("refs/heads/main-hotfix".to_string(), false)]);
+        assert_eq!(
+            graphql_write(br#"{"query":"mutation { createLinkedBranch(input:{}) { x } }"}"#),
+            Some("createlinkedbranch")
+        );
         let w = write_of("POST", "/repos/a/b/actions/workflows/ci.yml/dispatches").unwrap();
         let s = subjects(&w, Some(&serde_json::json!({"ref": "main"})));
         assert!(matches!(&s[1], Subject::Git { access: GitAccess::Ref { name, .. }, .. } if name == "refs/heads/main"));

@@ -53,8 +53,11 @@ pub async fn handle(
     let method = req.method().as_str().to_string();
     let identity = match door::identified(door, &state, conn, Presented::proxy(req.headers())) {
         Ok(i) => i,
-        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Absolute),
+        Err(refusal) => return door::refuse(&mut rec, refusal, Entry::Identified),
     };
+    // Every refusal below names the sandbox and its policy.
+    rec.sandbox = Some(identity.sandbox.clone());
+    rec.policy = Some(identity.policy.shared_name());
 
     let line = request_line_len(&req);
     let wants_upgrade = is_upgrade(req.headers());
@@ -71,39 +74,49 @@ pub async fn handle(
         .or_else(|| crate::door::headers::unsupported_transfer_coding(&parts.headers))
     {
         drain_rest(body.take(), door).await;
-        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Identified);
     }
     // The gateway already answered any `Expect: 100-continue` itself.
     parts.headers.remove(header::EXPECT);
 
     // On the GitHub API, writes to refs and contents are judged by the git rules too.
     // Mapped on the decoded path, as request rules are: `/git/%72efs` is `/git/refs`.
-    // A path that cannot be decoded is refused by the request rules below.
-    // GitHub Enterprise Server serves it under a prefix (`/api/v3`).
+    // GitHub Enterprise Server serves it under a prefix (`/api/v3`). A write whose path
+    // cannot be decoded (`heads%2Fmain`, which GitHub reads as `heads/main`) is refused
+    // here, in report mode too: the git rules could not judge it.
     let api = &door.config.github.api_url;
-    let api_write = (target.host.as_name() == api.host())
-        .then(|| policy::requests::normalize_path(parts.uri.path()).ok())
-        .flatten()
-        .and_then(|path| {
-            // GraphQL: `/graphql` on github.com, `/api/graphql` on GHES.
-            if path.to_ascii_lowercase().trim_end_matches('/').ends_with("/graphql") {
-                return super::github_api::write_of(&method, "/graphql");
-            }
-            let prefix = api.path().trim_end_matches('/');
-            let rest =
-                path.get(..prefix.len()).filter(|p| p.eq_ignore_ascii_case(prefix)).and(path.get(prefix.len()..))?;
-            super::github_api::write_of(&method, rest)
-        });
+    let on_api = target.host.as_name() == api.host();
+    let decoded = on_api.then(|| policy::requests::normalize_path(parts.uri.path()));
+    if let Some(Err(why)) = &decoded
+        && super::github_api::is_write(&method)
+    {
+        drain_rest(body.take(), door).await;
+        let hint = format!("{why}: a GitHub API write must name its path plainly for the git rules to judge it");
+        return finish(&mut rec, DenyReason::BadRequest, None, &hint, Entry::Identified);
+    }
+    let api_write = decoded.and_then(Result::ok).and_then(|path| {
+        // GraphQL: `/graphql` on github.com, `/api/graphql` on GHES.
+        if path.to_ascii_lowercase().trim_end_matches('/').ends_with("/graphql") {
+            return super::github_api::write_of(&method, "/graphql");
+        }
+        let prefix = api.path().trim_end_matches('/');
+        let rest = path.get(..prefix.len()).filter(|p| p.eq_ignore_ascii_case(prefix)).and(path.get(prefix.len()..))?;
+        super::github_api::write_of(&method, rest)
+    });
     let mut buffered: Option<Bytes> = None;
     if let Some(write) = &api_write {
         // Only a write whose ref is in its body is read ahead; every other body streams
         // on untouched (its Content-Length must stay true).
         if let super::github_api::RefAt::Refused(why) = write.at {
             drain_rest(body.take(), door).await;
-            return finish(&mut rec, DenyReason::GitWriteDenied, None, why, Entry::Absolute);
+            return finish(&mut rec, DenyReason::GitWriteDenied, None, why, Entry::Identified);
         }
-        let json = if matches!(write.at, super::github_api::RefAt::Body { .. } | super::github_api::RefAt::GraphQl)
-            && let Some(b) = body.take()
+        let json = if matches!(
+            write.at,
+            super::github_api::RefAt::Body { .. }
+                | super::github_api::RefAt::GraphQl
+                | super::github_api::RefAt::Rename { .. }
+        ) && let Some(b) = body.take()
         {
             let idle = door.config.proxy.tunnel_idle_timeout;
             match tokio::time::timeout(idle, Limited::new(b, MAX_API_BODY).collect()).await {
@@ -120,19 +133,19 @@ pub async fn handle(
                             "the GraphQL mutation {mutation} writes refs, which the git rules cannot judge here; push \
                              through git"
                         );
-                        return finish(&mut rec, DenyReason::GitWriteDenied, None, &hint, Entry::Absolute);
+                        return finish(&mut rec, DenyReason::GitWriteDenied, None, &hint, Entry::Identified);
                     }
                     let value = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
                     if value.is_none() && write.at == super::github_api::RefAt::GraphQl {
                         let hint = "a GraphQL request to the GitHub API must be a JSON body the gateway can read";
-                        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+                        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Identified);
                     }
                     buffered = Some(bytes);
                     value
                 }
                 _ => {
                     let hint = "the API request body could not be read (at most 1 MiB of JSON)";
-                    return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Absolute);
+                    return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Identified);
                 }
             }
         } else {
@@ -152,7 +165,7 @@ pub async fn handle(
                     budget: None,
                 };
                 drain_rest(body.take(), door).await;
-                return door::refuse(&mut rec, refusal, Entry::Absolute);
+                return door::refuse(&mut rec, refusal, Entry::Identified);
             }
         }
     }
@@ -174,12 +187,12 @@ pub async fn handle(
         Ok(a) => Arc::new(a.hold),
         Err(refusal) => {
             drain_rest(body.take(), door).await;
-            return door::refuse(&mut rec, refusal, Entry::Absolute);
+            return door::refuse(&mut rec, refusal, Entry::Identified);
         }
     };
     if let Err(refusal) = charge_head(&hold, Dir::Up, line, &parts.headers) {
         drain_rest(body.take(), door).await;
-        return door::refuse(&mut rec, refusal, Entry::Absolute);
+        return door::refuse(&mut rec, refusal, Entry::Identified);
     }
     let swapped = match secrets::swap(
         &mut parts,
@@ -193,7 +206,7 @@ pub async fn handle(
         Err(m) => {
             tracing::warn!(sandbox = %identity.sandbox, target = %rec.target, "a secret placeholder was sent to a host it is not bound to");
             drain_rest(body.take(), door).await;
-            return finish(&mut rec, DenyReason::SecretNotAllowed, None, &m.hint, Entry::Absolute);
+            return finish(&mut rec, DenyReason::SecretNotAllowed, None, &m.hint, Entry::Identified);
         }
     };
     // An upgraded connection is relayed as bytes, which are not redacted: a value
@@ -201,13 +214,13 @@ pub async fn handle(
     if swapped.lends() && wants_upgrade {
         let hint = "placeholder secrets are not replaced on upgraded (WebSocket) connections";
         drain_rest(body.take(), door).await;
-        return finish(&mut rec, DenyReason::SecretNotAllowed, None, hint, Entry::Absolute);
+        return finish(&mut rec, DenyReason::SecretNotAllowed, None, hint, Entry::Identified);
     }
     // Report mode never lends the gateway's credential to a request the rules refuse.
     if swapped.lends() && rec.decision == Outcome::WouldDeny {
         let hint = "this request carries a placeholder secret, and the policy (in report mode) does not allow it";
         drain_rest(body.take(), door).await;
-        return finish(&mut rec, DenyReason::RequestNotAllowed, None, hint, Entry::Absolute);
+        return finish(&mut rec, DenyReason::RequestNotAllowed, None, hint, Entry::Identified);
     }
 
     let bytes_up = Arc::new(AtomicU64::new(0));
@@ -230,7 +243,7 @@ pub async fn handle(
     let authority = if h2 { shown.clone() } else { target.to_string() };
     let uri = format!("https://{authority}{}", parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     let Ok(uri) = uri.parse::<http::Uri>() else {
-        return finish(&mut rec, DenyReason::BadRequest, None, "invalid request path", Entry::Absolute);
+        return finish(&mut rec, DenyReason::BadRequest, None, "invalid request path", Entry::Identified);
     };
     parts.headers.remove(header::HOST);
     if !swapped.body.is_empty() {
@@ -266,18 +279,18 @@ pub async fn handle(
         .await;
     let resp = match sent {
         Some(Ok(r)) => r,
-        Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, Entry::Absolute),
-        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, Entry::Absolute),
+        Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, Entry::Identified),
+        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, Entry::Identified),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     rec.status = resp.status().as_u16();
     if let Err(refusal) = charge_head(&hold, Dir::Down, 32, resp.headers()) {
-        return door::refuse(&mut rec, refusal, Entry::Absolute);
+        return door::refuse(&mut rec, refusal, Entry::Identified);
     }
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !is_websocket_upgrade(resp.headers()) {
         let detail = "the upstream switched to a protocol other than WebSocket";
-        return finish(&mut rec, DenyReason::UpstreamUnreachable, None, detail, Entry::Absolute);
+        return finish(&mut rec, DenyReason::UpstreamUnreachable, None, detail, Entry::Identified);
     }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade
@@ -288,7 +301,7 @@ pub async fn handle(
     if swapped.any() && redact::is_encoded(resp.headers()) {
         let detail = "the upstream answered with a content or transfer coding although identity was asked for; an \
                       encoded body cannot be redacted";
-        return finish(&mut rec, DenyReason::UpstreamEncoding, None, detail, Entry::Absolute);
+        return finish(&mut rec, DenyReason::UpstreamEncoding, None, detail, Entry::Identified);
     }
     let (mut parts, body) = resp.into_parts();
     strip_upstream_response(&mut parts, false);

@@ -27,7 +27,7 @@ pub(super) fn validate_github(
         let u: http::Uri = v
             .trim_end_matches('/')
             .parse()
-            .map_err(|_| ConfigError::invalid(file, key, format!("expected an http(s) URL, got {v:?}")))?;
+            .map_err(|_| ConfigError::invalid(file, key, format!("expected an https:// URL, got {v:?}")))?;
         // The API URL may carry a path: GitHub Enterprise Server's is /api/v3.
         let path_ok = u.path() == "/"
             || u.path().is_empty()
@@ -37,7 +37,9 @@ pub(super) fn validate_github(
                 && !u.path().contains("//")
                 && u.path().bytes().all(|b| b.is_ascii_alphanumeric() || b"/-._".contains(&b));
         match (u.scheme_str(), u.host()) {
-            (Some("https" | "http"), Some(_)) if path_ok => Ok(u),
+            // https only: the gateway's token would cross the network in clear, and the
+            // git rules judge API writes only inside inspected TLS.
+            (Some("https"), Some(_)) if path_ok => Ok(u),
             _ if key == "github.api_url" => Err(ConfigError::invalid(
                 file,
                 key,
@@ -93,4 +95,19 @@ pub(super) fn validate_github(
         refresh_before: g.refresh_before,
         idle_timeout: g.idle_timeout,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn github_urls_must_be_https() {
+        let file = crate::config::DisplayPath("g.toml".into());
+        for (key, url) in [("web_url", "http://github.example"), ("api_url", "http://api.github.example/api/v3")] {
+            let text = format!("[github]\n{key} = \"{url}\"\n");
+            let err = crate::config::parse(&text, &file, std::path::Path::new("/")).unwrap_err().to_string();
+            assert!(err.contains(&format!("github.{key}")) && err.contains("https://"), "{err}");
+        }
+        let ok = "[github]\nweb_url = \"https://ghe.example\"\napi_url = \"https://ghe.example/api/v3\"\n";
+        assert!(crate::config::parse(ok, &file, std::path::Path::new("/")).is_ok());
+    }
 }
