@@ -197,7 +197,12 @@ pub async fn handle(
     upstream: &Upstream,
     state: Arc<State>,
 ) -> Response<ProxyBody> {
-    handle_as(Kind::Forward, req, conn, door, upstream, state).await
+    // Not through `handle_as`: one more future layer costs the hot path a move.
+    let idle = door.config.proxy.tunnel_idle_timeout;
+    crate::door::bodies::body_apart(req, idle, async |req, body| {
+        decide_and_send(Kind::Forward, req, body, conn, door, upstream, state).await
+    })
+    .await
 }
 
 /// [`handle`], logged as `kind` (a transparent listener's requests are forwarded so).

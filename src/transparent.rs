@@ -226,7 +226,7 @@ pub fn dialled_port(stream: &TcpStream, configured: u16) -> u16 {
 }
 
 /// One request on the plain-HTTP listener, from the sandbox at the client's address
-/// (or `[transparent] sandbox`), made an absolute-form request for the dispatcher to
+/// (or `sidecar`'s, `[transparent] sandbox`), made an absolute-form request for the dispatcher to
 /// forward as the proxy port's are (logged as `transparent`): its `Host`, at the port
 /// the client dialled, is its target, and the connection's facts carry the sandbox
 /// as their identity. The request line may name no other host ([`host::named`]);
@@ -235,7 +235,7 @@ pub async fn http_request(
     mut req: Request<Incoming>,
     conn: &ConnInfo,
     door: &Door,
-    cfg: &TransparentConfig,
+    sidecar: Option<&str>,
     port: u16,
 ) -> Result<(Request<Incoming>, ConnInfo), Response<ProxyBody>> {
     let state = door.store.snapshot();
@@ -257,7 +257,7 @@ pub async fn http_request(
         }
     };
     rec.target = crate::access_log::Text::display(&target);
-    let identity = match door::identify_by_address(&state, conn, cfg.sandbox.as_deref()) {
+    let identity = match door::identify_by_address(&state, conn, sidecar) {
         Ok(i) => i,
         Err(e) => {
             // No proxy authentication exists here: an unidentified client is forbidden.

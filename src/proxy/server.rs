@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use super::proxy_protocol::{self, Detect};
@@ -344,20 +345,9 @@ pub async fn serve_stream<I>(
         async move {
             let resp = match serve {
                 Serve::Proxy => handle(req, &per_conn.0, &per_conn.1, &shared).await,
-                Serve::TransparentHttp { port } => {
-                    let Some(cfg) = &shared.config.transparent else { return Err("no [transparent] section") };
-                    let door = &shared.door;
-                    match crate::transparent::http_request(req, &per_conn.0, door, cfg, port).await {
-                        Ok((req, conn)) => {
-                            let state = door.store.snapshot();
-                            let kind = crate::access_log::Kind::Transparent;
-                            crate::forward::handle_as(kind, req, &conn, door, &per_conn.1, state).await
-                        }
-                        Err(refusal) => refusal,
-                    }
-                }
+                Serve::TransparentHttp { port } => transparent_http(req, &per_conn, &shared, port).await,
             };
-            Ok::<_, &'static str>(resp)
+            Ok::<_, Infallible>(resp)
         }
     });
     let io = TokioIo::new(Watched::new(stream, watch.clone()));
@@ -373,6 +363,25 @@ pub async fn serve_stream<I>(
             rec.status = status;
             rec.emit();
         }
+    }
+}
+
+/// A plain-HTTP transparent listener's request: made absolute-form by
+/// `transparent::http_request`, then forwarded.
+async fn transparent_http(
+    req: hyper::Request<hyper::body::Incoming>,
+    per_conn: &(ConnInfo, crate::forward::Upstream),
+    shared: &Shared,
+    port: u16,
+) -> hyper::Response<crate::door::ProxyBody> {
+    let sidecar = shared.config.transparent.as_ref().and_then(|c| c.sandbox.as_deref());
+    let door = &shared.door;
+    match crate::transparent::http_request(req, &per_conn.0, door, sidecar, port).await {
+        Ok((req, conn)) => {
+            let state = door.store.snapshot();
+            crate::forward::handle_as(crate::access_log::Kind::Transparent, req, &conn, door, &per_conn.1, state).await
+        }
+        Err(refusal) => refusal,
     }
 }
 
