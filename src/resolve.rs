@@ -24,6 +24,8 @@ use crate::policy::net::{AddressDenied, EgressFilter};
 pub enum DialError {
     #[error("every address is denied (first: {} in {})", .0.addr, .0.net)]
     AddressDenied(AddressDenied),
+    #[error("{0} is one of the gateway's own listeners, which are never dialled")]
+    OwnListener(SocketAddr),
     #[error("resolution failed: {0}")]
     ResolveFailed(String),
     #[error("connection failed: {0}")]
@@ -35,7 +37,7 @@ pub enum DialError {
 impl DialError {
     pub fn reason(&self) -> DenyReason {
         match self {
-            DialError::AddressDenied(_) => DenyReason::AddressDenied,
+            DialError::AddressDenied(_) | DialError::OwnListener(_) => DenyReason::AddressDenied,
             DialError::ResolveFailed(_) => DenyReason::ResolveFailed,
             DialError::Unreachable(_) => DenyReason::UpstreamUnreachable,
             DialError::Timeout => DenyReason::UpstreamTimeout,
@@ -189,10 +191,7 @@ impl Resolver {
         {
             let addr = SocketAddr::new(peer.map_err(DialError::ResolveFailed)?, target.port);
             if self.own.get().is_some_and(|own| is_own(own, addr)) {
-                return Err(DialError::AddressDenied(AddressDenied {
-                    addr: addr.ip(),
-                    net: ipnet::IpNet::from(addr.ip()),
-                }));
+                return Err(DialError::OwnListener(addr));
             }
             return Ok(smallvec::smallvec![addr]);
         }
@@ -202,7 +201,7 @@ impl Resolver {
             let first = addrs.first().copied();
             addrs.retain(|a| !is_own(own, *a));
             if let (true, Some(a)) = (addrs.is_empty(), first) {
-                return Err(DialError::AddressDenied(AddressDenied { addr: a.ip(), net: ipnet::IpNet::from(a.ip()) }));
+                return Err(DialError::OwnListener(a));
             }
         }
         Ok(addrs)

@@ -637,6 +637,7 @@ fn headers_count_against_byte_budgets_and_the_gateway_is_not_a_destination() {
         let (_s, head) = connect(gw.addr, &own.to_string());
         assert_eq!(raw::status(&head), 403, "{own}: {head}");
         assert_eq!(header(&head, "x-egress-deny-reason"), Some("address_denied"), "{head}");
+        assert!(head.contains("the gateway's own listeners"), "{head}");
     }
 }
 

@@ -9,7 +9,9 @@ use crate::addr::{self, Host, Target};
 /// port the client dialled is the one used), once the request line is shown to name
 /// no other ([`names_only`]). Else the text to log as the target, and why.
 pub fn named(method: &Method, uri: &Uri, headers: &HeaderMap, port: u16) -> Result<Target, (String, String)> {
-    let raw = uri.to_string();
+    // Logged as the target of a refusal: the host asked for, else the request line's.
+    let first_host = headers.get(http::header::HOST).and_then(|h| h.to_str().ok());
+    let raw = first_host.map_or_else(|| uri.to_string(), str::to_string);
     let fail = |why: &str| Err((raw.clone(), why.to_string()));
     if method == Method::CONNECT {
         return fail("CONNECT is for the proxy port, not a transparent listener");
@@ -23,7 +25,7 @@ pub fn named(method: &Method, uri: &Uri, headers: &HeaderMap, port: u16) -> Resu
         (None, _) => return fail("the request has no Host header"),
         (Some(_), Some(_)) => return fail("the request has two Host headers"),
     };
-    if let Err(why) = names_only(&raw, host) {
+    if let Err(why) = names_only(&uri.to_string(), host) {
         return fail(why);
     }
     let name = match addr::parse_authority(host, Some(port)) {
