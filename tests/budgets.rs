@@ -744,3 +744,40 @@ fn redis_over_tls_is_verified_against_the_configured_ca() {
         let _ = child.wait();
     }
 }
+
+/// A reload that changes a policy's egress budget ends the tunnels counted against the
+/// old one (they would go on under it, or uncounted); a reload that leaves the budget
+/// as it was leaves them open.
+#[test]
+fn a_reload_that_changes_the_budget_ends_tunnels_counted_against_the_old_one() {
+    clear_of_the_hour();
+    let sink = ByteSink::start();
+    let target = format!("127.0.0.1:{}", sink.addr.port());
+    let rules = "[policies.budgeted.budget]\nupload_bytes = \"1GiB\"\n";
+    let gw = TestGateway::start(STANDARD_CONFIG, &policy(rules));
+    let file = gw.dir.path().join("policy/test.toml");
+    let (mut s, head) = connect(gw.addr, &target);
+    assert_eq!(raw::status(&head), 200, "{head}");
+    s.write_all(&[b'u'; 64 * 1024]).unwrap();
+
+    // The same budget, written again: the tunnel stays.
+    std::fs::write(&file, policy(rules)).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(10), |v| v["msg"] == "policies reloaded" && v["generation"] == 2);
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut byte = [0u8; 1];
+    assert!(s.read(&mut byte).is_err(), "still open after a reload that kept the budget");
+    s.write_all(&[b'u'; 1024]).unwrap();
+
+    // A smaller budget: the tunnel ends, and says why in the log.
+    std::fs::write(&file, policy("[policies.budgeted.budget]\nupload_bytes = \"1MiB\"\n")).unwrap();
+    gw.signal("HUP");
+    gw.wait_for_log(Duration::from_secs(10), |v| v["reason"] == "its policy's egress budget changed");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(matches!(s.read(&mut byte), Ok(0) | Err(_)), "the tunnel was ended");
+    // New tunnels count against the new budget.
+    let (s2, head) = connect(gw.addr, &target);
+    assert_eq!(raw::status(&head), 200, "{head}");
+    let sent = upload_until_closed(s2, 64 << 20);
+    assert!(sent < 8 << 20, "cut near the new 1 MiB budget, not the old 1 GiB: {sent}");
+}

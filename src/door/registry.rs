@@ -2,7 +2,8 @@
 //! connections, forwarded exchanges, git and API-route streams), with the credential
 //! that authenticated it and what it was allowed to reach. A reload ends those the new
 //! state refuses (a revoked sandbox or `jti`, a rotated static token, a removed signing
-//! key, a narrowed policy); an expiry sweep ends those whose signed token has expired.
+//! key, a narrowed policy, a changed egress budget); an expiry sweep ends those whose
+//! signed token has expired.
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -29,6 +30,10 @@ struct Entry {
     /// The VPC endpoint its client connection came through (PROXY protocol v2), held
     /// to the sandbox's binding under each new state.
     via: Option<String>,
+    /// The policy's egress budget it was admitted under, and is counted against: a
+    /// reload that changes it ends the connection, which would go on counting against
+    /// the old one (or none).
+    budget: Option<Arc<crate::policy::budget::BudgetSpec>>,
     cancel: CancellationToken,
     /// The end of the client connection that carries it (`door::watch::Watch::end`),
     /// cancelled with it by a sweep: a body nobody polls cannot notice its own.
@@ -145,6 +150,7 @@ impl Registry {
             held: subject,
             also: Vec::new(),
             via: via.map(str::to_string),
+            budget: identity.policy.budget().cloned(),
             cancel: cancel.clone(),
             carrier,
         };
@@ -191,7 +197,7 @@ impl Registry {
     /// Ends every connection whose credential `state` refuses, or whose destination
     /// its policy no longer allows. Returns how many were ended.
     pub fn close_disallowed(&self, state: &State) -> usize {
-        self.close_where(|e| (!allowed(state, e)).then_some("the new policies or credentials no longer allow it"))
+        self.close_where(|e| refusal(state, e))
     }
 
     /// Judges one registration under `state`, as a sweep would, and ends it if
@@ -201,7 +207,7 @@ impl Registry {
     pub fn recheck(&self, registration: &Registration, state: &State) -> bool {
         let open = table(&self.open);
         let Some(e) = open.get(registration.id) else { return false };
-        if allowed(state, e) {
+        if refusal(state, e).is_none() {
             return true;
         }
         e.cancel.cancel();
@@ -244,6 +250,16 @@ impl Entry {
             c.cancel();
         }
     }
+}
+
+/// Why `state` ends `e`, if it does: a credential or destination it refuses, or a
+/// change to the egress budget `e` counts against.
+fn refusal(state: &State, e: &Entry) -> Option<&'static str> {
+    if !allowed(state, e) {
+        return Some("the new policies or credentials no longer allow it");
+    }
+    let now = policy_for(state, e).and_then(|p| p.budget());
+    (now.map(|b| &**b) != e.budget.as_deref()).then_some("its policy's egress budget changed")
 }
 
 fn allowed(state: &State, e: &Entry) -> bool {
