@@ -364,6 +364,9 @@ fn limit_store(config: &Config) -> Result<Option<crate::budget::store::Store>, G
     }
 }
 
+/// How long the watcher waits for changed files to hold still before it reloads them.
+const SETTLE: Duration = Duration::from_millis(100);
+
 /// Polls the files a reload reads and reloads when any changes (`policy.watch_interval`).
 /// Polling needs no platform support and is cheap at this scale: a few stat calls.
 async fn reload_on_change(shared: Arc<Shared>, stop: CancellationToken) {
@@ -372,18 +375,28 @@ async fn reload_on_change(shared: Arc<Shared>, stop: CancellationToken) {
         let config = shared.config.clone();
         tokio::task::spawn_blocking(move || crate::reload::fingerprint(&config))
     };
-    let Ok(mut last) = fingerprint().await else { return };
+    let mut last = shared.store.files_at_start();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        let Ok(now) = fingerprint().await else { continue };
-        if now != last {
-            last = now;
-            tracing::info!("policy files changed; reloading");
-            let _ = crate::proxy::reload_off_thread(&shared).await;
+        let Ok(mut now) = fingerprint().await else { continue };
+        if now == last {
+            continue;
         }
+        // A file still being written: wait until the files hold still (briefly, a few
+        // times at most) rather than load half of one.
+        for _ in 0..10 {
+            tokio::time::sleep(SETTLE).await;
+            match fingerprint().await {
+                Ok(again) if again != now => now = again,
+                _ => break,
+            }
+        }
+        last = now;
+        tracing::info!("policy files changed; reloading");
+        let _ = crate::proxy::reload_off_thread(&shared).await;
     }
 }
 

@@ -21,11 +21,16 @@ pub struct Loaded {
     pub tokens: Verifier,
     pub route_secrets: std::collections::HashMap<String, crate::secret::Secret>,
     pub secrets: std::collections::HashMap<String, crate::secret::Secret>,
+    /// The files' [`fingerprint`] taken before they were read: a file written while
+    /// (or just after) they were read differs from it, and the watcher reloads it.
+    pub files: u64,
 }
 
 /// Reads and validates everything reloadable named by `config`.
 pub fn load(config: &Config) -> Result<Loaded, ConfigError> {
+    let files = fingerprint(config);
     Ok(Loaded {
+        files,
         policies: config::load_policies(config)?,
         shadow: config::load_shadow(config)?,
         tokens: config::load_verifier(config)?,
@@ -50,6 +55,8 @@ pub struct State {
 
 pub struct Store {
     current: ArcSwap<State>,
+    /// The first load's [`Loaded::files`].
+    files_at_start: u64,
     next_generation: AtomicU64,
     last_error: Mutex<Option<String>>,
     /// Held for a whole reload, so two reloads (signal, file watch, admin) never race
@@ -60,8 +67,9 @@ pub struct Store {
 impl Store {
     pub fn new(loaded: Loaded) -> Self {
         ::metrics::gauge!(metrics::POLICY_GENERATION).set(1.0);
-        let Loaded { policies, shadow, tokens, route_secrets, secrets } = loaded;
+        let Loaded { policies, shadow, tokens, route_secrets, secrets, files } = loaded;
         Store {
+            files_at_start: files,
             current: ArcSwap::from_pointee(State {
                 generation: 1,
                 policies,
@@ -81,6 +89,12 @@ impl Store {
         self.current.load_full()
     }
 
+    /// The files' fingerprint taken before the first load read them: where the file
+    /// watcher starts, so that a write racing the start-up load is still seen.
+    pub fn files_at_start(&self) -> u64 {
+        self.files_at_start
+    }
+
     /// The error of the last reload attempt, if it failed.
     pub fn last_error(&self) -> Option<String> {
         self.last_error.lock().ok().and_then(|e| e.clone())
@@ -90,7 +104,7 @@ impl Store {
     /// state stays. Logs and counts either way.
     pub fn reload(&self, config: &Config) -> Result<u64, ConfigError> {
         let _one_at_a_time = self.reloading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let result = load(config).map(|Loaded { policies, shadow, tokens, route_secrets, secrets }| {
+        let result = load(config).map(|Loaded { policies, shadow, tokens, route_secrets, secrets, files: _ }| {
             let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
             let loaded_at = SystemTime::now();
             self.current.store(Arc::new(State {
