@@ -196,7 +196,7 @@ async fn admit(
             let reason = e.reason();
             return Err(reject(rec, reason, &e.to_string()));
         }
-        None => return Err(reject(rec, DenyReason::AuthInvalid, ENDED_HINT)),
+        None => return Err(reject(rec, DenyReason::Revoked, ENDED_HINT)),
     };
     rec.upstream_addr = Some(upstream_addr);
     rec.status = 200;

@@ -342,7 +342,7 @@ async fn decide_and_send(
     let sent = exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !peer, ended);
     let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, sent)).await;
     let Some(sent) = sent else {
-        return reject(&mut rec, DenyReason::AuthInvalid, ENDED_HINT);
+        return reject(&mut rec, DenyReason::Revoked, ENDED_HINT);
     };
     let resp = match sent {
         Ok(Ok((resp, addr))) => {

@@ -177,7 +177,7 @@ async fn route(
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
-        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry),
+        None => return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     // A route does not upgrade: a `101` would leave the client waiting on a protocol

@@ -155,7 +155,7 @@ pub async fn serve(
                 return refuse(&mut stream, &mut rec, refusal).await;
             }
             None => {
-                let refusal = Refusal::new(DenyReason::AuthInvalid, ENDED_HINT);
+                let refusal = Refusal::new(DenyReason::Revoked, ENDED_HINT);
                 return refuse(&mut stream, &mut rec, refusal).await;
             }
         };

@@ -138,7 +138,7 @@ pub fn authorize_as(
     // the registration sees it in its sweep.)
     let now = door.store.snapshot();
     if now.generation != state.generation && !door.registry.recheck(&registration, &now) {
-        return Err(Refusal::new(DenyReason::AuthInvalid, super::registry::ENDED_HINT));
+        return Err(Refusal::new(DenyReason::Revoked, super::registry::ENDED_HINT));
     }
     Ok(Authorized { identity, hold: Hold::new(registration, permit, meter), by_inspect })
 }

@@ -152,7 +152,7 @@ async fn route_git(
         let (head, rest, commands) = match hold.registration().unless_ended(read_commands(body, idle)).await {
             Some(Ok(x)) => x,
             Some(Err(msg)) => return finish(&mut rec, DenyReason::BadRequest, None, &msg, entry),
-            None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry),
+            None => return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, entry),
         };
         // Every ref is judged; one refused ref refuses the whole push, and each refused
         // ref is named in the report git prints.
@@ -192,7 +192,7 @@ async fn route_git(
         Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up).boxed_unsync()
     };
     if hold.registration().is_ended() {
-        return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry);
+        return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, entry);
     }
 
     let perm = if write { Permission::Write } else { Permission::Read };
@@ -232,7 +232,7 @@ async fn route_git(
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
-        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, entry),
+        None => return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, entry),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     if is_credential_refusal(resp.status()) {

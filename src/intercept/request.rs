@@ -280,7 +280,7 @@ pub async fn handle(
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, Entry::Identified),
-        None => return finish(&mut rec, DenyReason::AuthInvalid, None, ENDED_HINT, Entry::Identified),
+        None => return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, Entry::Identified),
     };
     rec.upstream_addr = resp.extensions().get::<UpstreamAddr>().map(|a| a.0);
     rec.status = resp.status().as_u16();

@@ -26,10 +26,13 @@ pub enum DenyReason {
     PeerNotAllowed,
     RequestNotAllowed,
     SecretNotAllowed,
+    /// A reload or expiry sweep ended the request: the policies or credentials changed
+    /// and no longer allow it.
+    Revoked,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 21] = [
+    pub const ALL: [DenyReason; 22] = [
         DenyReason::AuthRequired,
         DenyReason::AuthInvalid,
         DenyReason::TokenExpired,
@@ -51,6 +54,7 @@ impl DenyReason {
         DenyReason::PeerNotAllowed,
         DenyReason::RequestNotAllowed,
         DenyReason::SecretNotAllowed,
+        DenyReason::Revoked,
     ];
 
     pub fn code(self) -> &'static str {
@@ -76,6 +80,7 @@ impl DenyReason {
             DenyReason::PeerNotAllowed => "peer_not_allowed",
             DenyReason::RequestNotAllowed => "request_not_allowed",
             DenyReason::SecretNotAllowed => "secret_not_allowed",
+            DenyReason::Revoked => "revoked",
         }
     }
 
@@ -103,6 +108,7 @@ impl DenyReason {
             DenyReason::PeerNotAllowed => "the sandboxes' policies do not both allow this connection",
             DenyReason::RequestNotAllowed => "no request rule of the sandbox policy allows this request",
             DenyReason::SecretNotAllowed => "the request carries a secret placeholder for a host it is not bound to",
+            DenyReason::Revoked => "the policies or credentials changed and no longer allow this",
         }
     }
 }
