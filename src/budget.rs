@@ -96,6 +96,8 @@ struct Inner {
     others_active: Mutex<std::collections::HashMap<String, u64>>,
     /// The other live instances at the last sync.
     peers: Mutex<Vec<String>>,
+    /// The store's boot mark as the last sync read it.
+    boot: Mutex<Option<String>>,
     deny_on_store_error: bool,
     fleet: FleetLimits,
     /// Wakes the sync early (half a lease spent).
@@ -134,6 +136,7 @@ impl Budgets {
             active_source: OnceLock::new(),
             others_active: Mutex::new(std::collections::HashMap::new()),
             peers: Mutex::new(Vec::new()),
+            boot: Mutex::new(None),
             deny_on_store_error,
             fleet,
             wake: Notify::new(),
@@ -391,6 +394,9 @@ impl Inner {
             Mode::Local
         } else if self.healthy.load(Ordering::Relaxed) {
             Mode::Shared
+        } else if self.syncs.load(Ordering::Relaxed) == 0 {
+            // Never heard from the store: it knows nothing of what the fleet spent.
+            Mode::Fallback { instances: 0 }
         } else {
             Mode::Fallback { instances: self.instances.load(Ordering::Relaxed) }
         }
@@ -641,9 +647,13 @@ mod tests {
         let e = b.admit(ask(&s, "x.example")).unwrap_err();
         assert_eq!(e.retry_after, 1);
         assert!(e.hint.contains("shared store"), "{}", e.hint);
-        // The store is down and 4 instances were alive: a quarter of the budget each.
+        // The store is down before this instance ever heard from it: it knows nothing
+        // of what the fleet spent, and stays at its one lease.
         b.0.healthy.store(false, Ordering::Relaxed);
         b.0.instances.store(4, Ordering::Relaxed);
+        assert_eq!((0..1000).filter(|_| b.admit(ask(&s, "x.example")).is_ok()).count(), 0);
+        // Once it has synced, and 4 instances were alive then: a quarter of the budget each.
+        b.0.syncs.store(1, Ordering::Relaxed);
         let more = (0..1000).filter(|_| b.admit(ask(&s, "x.example")).is_ok()).count();
         assert_eq!(admitted + more, 250);
         // With on_store_error = "deny", nothing it covers is admitted.

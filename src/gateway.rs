@@ -287,11 +287,13 @@ impl Gateway {
         let dns_task = dns.map(|d| tokio::spawn(d.run(stop_accepting.clone())));
         // Runs until the very end: drained tunnels still spend.
         let store_stop = CancellationToken::new();
+        let mut store_task = None;
         if let Some(store) = limit_store {
             let store = Arc::new(store);
             shared.budgets.set_store(store.clone());
             let interval = shared.config.limits.sync_interval;
-            tokio::spawn(crate::budget::store::run(shared.budgets.clone(), store, interval, store_stop.clone()));
+            let run = crate::budget::store::run(shared.budgets.clone(), store, interval, store_stop.clone());
+            store_task = Some(tokio::spawn(run));
         }
         if !shared.budgets.is_shared() {
             let (budgets, stop) = (shared.budgets.clone(), store_stop.clone());
@@ -305,7 +307,7 @@ impl Gateway {
                 }
             });
         }
-        let _store_stop = store_stop.drop_guard();
+        let _store_stop = store_stop.clone().drop_guard();
 
         shutdown.drain.cancelled().await;
         shared.draining.store(true, Ordering::Relaxed);
@@ -340,6 +342,11 @@ impl Gateway {
             tracing::warn!(in_flight = shared.tasks.len(), "drain ended early; closing what is left");
             shared.registry.end_all();
             let _ = tokio::time::timeout(Duration::from_secs(2), shared.tasks.wait()).await;
+        }
+        // The store's last sync hands over what the drained work spent.
+        store_stop.cancel();
+        if let Some(t) = store_task {
+            let _ = tokio::time::timeout(crate::budget::STORE_TIMEOUT * 2, t).await;
         }
         expiry.abort();
         reload_stop.cancel();

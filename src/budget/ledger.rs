@@ -85,7 +85,9 @@ pub enum Mode {
     /// Counted in a shared store that answers: up to one lease ahead of it.
     Shared,
     /// The shared store does not answer: up to this instance's share of what was left
-    /// when it last answered (`instances` then), or one lease if more.
+    /// when it last answered (`instances` then), or one lease if more. `instances` 0:
+    /// it never answered this instance (which knows nothing of what the fleet spent):
+    /// one lease.
     Fallback { instances: u64 },
 }
 
@@ -106,12 +108,15 @@ pub struct Counter {
     pub pending: u64,
     /// Handed to a sync that has not answered yet.
     pub flushing: u64,
+    /// What this instance handed over in this window, in syncs that answered: handed
+    /// over again if the store comes back without it (a restart without persistence).
+    pub mine: u64,
     pub last_used: Instant,
 }
 
 impl Counter {
     fn new(window: Window, limit: u64, now: Instant) -> Counter {
-        Counter { window, limit, fleet: 0, pending: 0, flushing: 0, last_used: now }
+        Counter { window, limit, fleet: 0, pending: 0, flushing: 0, mine: 0, last_used: now }
     }
 
     pub fn used(&self) -> u64 {
@@ -125,8 +130,9 @@ impl Counter {
         let cap = match mode {
             Mode::Local => return left,
             Mode::Shared => lease(self.limit, bytes),
+            Mode::Fallback { instances: 0 } => lease(self.limit, bytes),
             Mode::Fallback { instances } => {
-                lease(self.limit, bytes).max(self.limit.saturating_sub(self.fleet) / instances.max(1))
+                lease(self.limit, bytes).max(self.limit.saturating_sub(self.fleet) / instances)
             }
         };
         left.min(cap.saturating_sub(ahead))
@@ -176,6 +182,7 @@ impl HostSet {
             fleet: self.fleet,
             pending: self.pending.len() as u64,
             flushing: self.flushing.len() as u64,
+            mine: 0,
             last_used: self.last_used,
         };
         as_counter.room(mode, false) >= 1

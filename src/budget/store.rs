@@ -2,7 +2,10 @@
 //! spent) each instance hands over what it spent since the last sync (`INCRBY`, and
 //! `SADD` for hosts) and reads back the fleet's totals in the same round trip, with a
 //! heartbeat that tells it how many instances share the budgets. A failed sync keeps
-//! the counts to hand over next time (the reconciliation when Redis returns).
+//! the counts to hand over next time (the reconciliation when Redis returns); a store
+//! that comes back empty (a new `egress:v1:boot` mark) gets each instance's counts of
+//! the current windows again. A sync that timed out but ran may be counted twice:
+//! the error is on the side of the limit.
 //!
 //! Keys: `egress:v1:SANDBOX:BUDGET:WINDOW_SECS:WINDOW_INDEX` (counters),
 //! `egress:v1:SANDBOX:new_hosts:WINDOW_SECS:WINDOW_INDEX` (host sets),
@@ -156,15 +159,19 @@ pub async fn run(budgets: Budgets, store: Arc<Store>, interval: Duration, stop: 
         // Early wakes are spaced out: a busy sandbox must not turn the sync into a loop.
         let gap = MIN_GAP.min(pause);
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
             _ = tokio::time::sleep(gap) => {}
         }
         let pause = pause - gap;
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
             _ = tokio::time::sleep(pause) => {}
             _ = budgets.0.wake.notified(), if was_healthy => {}
         }
+    }
+    // What was spent since the last sync (the drain's last bytes) is handed over too.
+    if let Err(e) = sync_once(&budgets, &store, &instance, interval).await {
+        tracing::warn!(error = %e, "limit store: the last spending before stopping could not be handed over");
     }
 }
 
@@ -249,8 +256,13 @@ async fn sync_once(budgets: &Budgets, store: &Store, instance: &str, interval: D
         pipe.cmd("HGETALL").arg(format!("{PREFIX}:active:{peer}"));
     }
     pipe.cmd("ZRANGE").arg(&instances).arg(0).arg(-1);
+    // The store's boot mark: set by the first instance to sync with a store that has
+    // none, so a store that restarted empty (no persistence) shows a new one.
+    let boot = format!("{PREFIX}:boot");
+    pipe.cmd("SET").arg(&boot).arg(format!("{:016x}", rand::random::<u64>())).arg("NX").ignore();
+    pipe.cmd("GET").arg(&boot);
 
-    let expected = flushes.len() + peers.len() + 1;
+    let expected = flushes.len() + peers.len() + 2;
     let answer = store.query(&pipe).await;
     let mut ledger = budgets.ledger();
     let values = match answer {
@@ -282,13 +294,37 @@ async fn sync_once(budgets: &Budgets, store: &Store, instance: &str, interval: D
             };
         }
     };
+    // A store that lost what it held (a new boot mark): everything this instance
+    // handed over in the current windows goes again.
+    let mark: Option<String> = values.last().and_then(|v| redis::from_redis_value_ref(v).ok());
+    let lost = {
+        let mut seen = budgets.0.boot.lock().unwrap_or_else(|e| e.into_inner());
+        let lost = seen.is_some() && mark.is_some() && *seen != mark;
+        if mark.is_some() {
+            *seen = mark;
+        }
+        lost
+    };
+    if lost {
+        tracing::warn!("limit store restarted without this window's counts: handing over this instance's again");
+        for c in ledger.counters.values_mut() {
+            c.pending += std::mem::take(&mut c.mine);
+        }
+        for s in ledger.hosts.values_mut() {
+            let again: Vec<Box<str>> = s.seen.iter().filter(|h| !s.pending.contains(h)).cloned().collect();
+            s.pending.extend(again);
+        }
+    }
     for (f, v) in flushes.into_iter().zip(&values) {
         match f.what {
             Some(what) => {
                 let total: u64 = redis::from_redis_value_ref(v).unwrap_or(0);
                 if let Some(c) = ledger.counters.get_mut(&(f.sandbox, what)).filter(|c| c.window == f.window) {
                     c.flushing = c.flushing.saturating_sub(f.amount);
-                    c.fleet = total;
+                    // After a loss, the count this instance knew stands until the
+                    // fleet's hand-overs bring the store back past it.
+                    c.fleet = if lost { c.fleet.max(total) } else { total };
+                    c.mine += f.amount;
                 }
             }
             None => {
@@ -303,7 +339,7 @@ async fn sync_once(budgets: &Budgets, store: &Store, instance: &str, interval: D
             }
         }
     }
-    let tail = &values[values.len() - peers.len() - 1..];
+    let tail = &values[values.len() - peers.len() - 2..values.len() - 1];
     let mut others: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     for v in &tail[..peers.len()] {
         let held: std::collections::HashMap<String, u64> = redis::from_redis_value_ref(v).unwrap_or_default();
