@@ -190,35 +190,31 @@ async fn open(
     Ok((send, addr))
 }
 
-pub async fn handle(
+pub fn handle<'a>(
     req: Request<Incoming>,
-    conn: &ConnInfo,
-    door: &Door,
-    upstream: &Upstream,
+    conn: &'a ConnInfo,
+    door: &'a Door,
+    upstream: &'a Upstream,
     state: Arc<State>,
-) -> Response<ProxyBody> {
-    // Not through `handle_as`: one more future layer costs the hot path a move.
-    let idle = door.config.proxy.tunnel_idle_timeout;
-    crate::door::bodies::body_apart(req, idle, async |req, body| {
-        decide_and_send(Kind::Forward, req, body, conn, door, upstream, state).await
-    })
-    .await
+) -> impl Future<Output = Response<ProxyBody>> + 'a {
+    handle_as(Kind::Forward, req, conn, door, upstream, state)
 }
 
 /// [`handle`], logged as `kind` (a transparent listener's requests are forwarded so).
-pub async fn handle_as(
+/// Not an `async fn`: the future it returns is `body_apart`'s own, with no layer around
+/// it for the hot path to move.
+pub fn handle_as<'a>(
     kind: Kind,
     req: Request<Incoming>,
-    conn: &ConnInfo,
-    door: &Door,
-    upstream: &Upstream,
+    conn: &'a ConnInfo,
+    door: &'a Door,
+    upstream: &'a Upstream,
     state: Arc<State>,
-) -> Response<ProxyBody> {
+) -> impl Future<Output = Response<ProxyBody>> + 'a {
     let idle = door.config.proxy.tunnel_idle_timeout;
-    crate::door::bodies::body_apart(req, idle, async |req, body| {
+    crate::door::bodies::body_apart(req, idle, async move |req, body| {
         decide_and_send(kind, req, body, conn, door, upstream, state).await
     })
-    .await
 }
 
 /// [`handle`] with the body apart: taken when the request is sent on, left in `body`

@@ -249,12 +249,34 @@ async fn route_git(
     // header), nor does the upstream's own reason phrase, which is not redacted.
     // Bodies (packs) are not scanned: the upstream is GitHub's, not the sandbox's.
     parts.extensions.remove::<hyper::ext::ReasonPhrase>();
-    for form in crate::redact::echo_forms(token.expose()).iter().chain([&basic]) {
-        crate::redact::headers(&mut parts.headers, form);
+    for form in token_forms(token.expose(), &basic) {
+        crate::redact::headers(&mut parts.headers, &form);
     }
     let body = Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// The spellings of the injected token an echoing upstream could hand back in a head:
+/// the token, its Basic value (`basic`, with and without `Basic `), base64 of the
+/// token alone, each base64 form without its `=` padding too, and each of those as
+/// [`crate::redact::echo_forms`] escapes it (a URL-encoded `Location`, say).
+fn token_forms(token: &str, basic: &str) -> Vec<String> {
+    let bare = base64::engine::general_purpose::STANDARD.encode(token);
+    let mut plain = vec![token.to_string(), format!("Basic {basic}")];
+    for b64 in [basic, bare.as_str()] {
+        plain.push(b64.to_string());
+        plain.push(b64.trim_end_matches('=').to_string());
+    }
+    let mut forms: Vec<String> = Vec::new();
+    for p in plain {
+        for f in crate::redact::echo_forms(&p) {
+            if !forms.contains(&f) {
+                forms.push(f);
+            }
+        }
+    }
+    forms
 }
 
 /// Refusals the policy makes about a repository (git shows them as the server's).

@@ -204,7 +204,12 @@ async fn route(mut req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
             .status(StatusCode::FOUND)
             .header("x-echo", auth.as_str())
             .header("x-token", token.as_str())
-            .header("location", format!("https://elsewhere.test/x?auth={}", auth.replace(' ', "%20")))
+            .header(
+                "location",
+                format!("https://elsewhere.test/x?auth={}", auth.replace(' ', "%20").replace('=', "%3D")),
+            )
+            .header("x-unpadded", auth.trim_end_matches('='))
+            .header("x-bare", base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &token))
             .body(full("moved"))
             .expect("response");
         resp.extensions_mut()
