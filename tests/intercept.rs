@@ -896,6 +896,15 @@ policy = "a"
             "git_write_denied",
         ),
         ("POST", "/api/graphql", "query { viewer { login } }", 400, "bad_request"),
+        // A mutation sent in the URL is judged as one in a body is.
+        (
+            "GET",
+            "/api/graphql?query=mutation+%7B+c%72eateRef(input%3A%7B%7D)+%7B+x+%7D+%7D",
+            "",
+            403,
+            "git_write_denied",
+        ),
+        ("GET", "/api/graphql?query=%7B+viewer+%7B+login+%7D+%7D", "", 200, "\"method\":\"GET\""),
         // A release creates its tag; keys and collaborators grant write access.
         ("POST", "/api/v3/repos/acme/widgets/releases", r#"{"tag_name":"v9"}"#, 403, "git_ref_denied"),
         (

@@ -106,6 +106,31 @@ pub fn graphql_write(body: &[u8]) -> Option<&'static str> {
     mutation_in(&String::from_utf8_lossy(body)).or_else(|| json_strings(body).find_map(|s| mutation_in(&s)))
 }
 
+/// The ref-writing mutation a GraphQL request sent in a URL's query names, if any
+/// (`GET /graphql?query=mutation…`): the query string read form-decoded (`+` is a
+/// space, `%XX` a byte), then as a body is.
+pub fn graphql_query_write(query: &str) -> Option<&'static str> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = query.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if let (Some(h), Some(l)) =
+                (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) =>
+            {
+                decoded.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+            b'+' => decoded.push(b' '),
+            b => decoded.push(b),
+        }
+        i += 1;
+    }
+    graphql_write(query.as_bytes()).or_else(|| graphql_write(&decoded))
+}
+
 /// The first of [`REF_MUTATIONS`] that `text` has as a word (GraphQL names are ASCII
 /// letters, digits and `_`, matched without regard to case).
 fn mutation_in(text: &str) -> Option<&'static str> {
@@ -299,6 +324,12 @@ mod tests {
         let read =
             br#"{"query":"query { repository(owner:\"a\", name:\"b\") { refs(first: 5) { nodes { name } } } }"}"#;
         assert_eq!(graphql_write(read), None);
+        assert_eq!(
+            graphql_query_write("query=mutation+%7B+c%72eateRef(input%3A%7B%7D)+%7B+x+%7D+%7D"),
+            Some("createref")
+        );
+        assert_eq!(graphql_query_write("query=mutation%20%7B%20updateRef%7D"), Some("updateref"));
+        assert_eq!(graphql_query_write("query=%7B+viewer+%7B+login+%7D+%7D"), None);
         assert_eq!(graphql_write(b"\"unterminated \\u0063reateRef"), None);
     }
 

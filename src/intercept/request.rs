@@ -94,6 +94,18 @@ pub async fn handle(
         let hint = format!("{why}: a GitHub API write must name its path plainly for the git rules to judge it");
         return finish(&mut rec, DenyReason::BadRequest, None, &hint, Entry::Identified);
     }
+    // GitHub runs no mutation sent by GET, but a server that did would write refs
+    // the git rules never saw: a read of `/graphql` naming one is refused too.
+    if let Some(Ok(p)) = &decoded
+        && p.to_ascii_lowercase().trim_end_matches('/').ends_with("/graphql")
+        && let Some(mutation) = parts.uri.query().and_then(super::github_api::graphql_query_write)
+    {
+        drain_rest(body.take(), door).await;
+        let hint = format!(
+            "the GraphQL mutation {mutation} writes refs, which the git rules cannot judge here; push through git"
+        );
+        return finish(&mut rec, DenyReason::GitWriteDenied, None, &hint, Entry::Identified);
+    }
     let api_write = decoded.and_then(Result::ok).and_then(|path| {
         // GraphQL: `/graphql` on github.com, `/api/graphql` on GHES.
         if path.to_ascii_lowercase().trim_end_matches('/').ends_with("/graphql") {
