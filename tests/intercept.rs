@@ -186,8 +186,12 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
     assert_eq!(w.origin.recorded().len(), 1);
 
     // HTTP/2 by ALPN.
-    let r = curl(&w, &w.gw_ca, &["--http2"], &url("inspect.test", "/echo/h2"));
+    let r = curl(&w, &w.gw_ca, &["--http2", "-H", "te: trailers"], &url("inspect.test", "/echo/h2"));
     assert_eq!((r.status, r.version.as_str()), (200, "2"), "{}", r.body);
+    // The origin speaks HTTP/1.1 only: the `TE` passed on is nominated in `Connection`.
+    let seen = w.origin.recorded().pop().expect("recorded");
+    let field = |name: &str| seen.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    assert_eq!((field("te"), field("connection")), (Some("trailers".into()), Some("te".into())), "{:?}", seen.headers);
 
     // A refused method, a denied path and an unlisted path: 403 with the reason.
     for (args, path, rule) in [

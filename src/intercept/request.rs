@@ -186,8 +186,11 @@ pub async fn handle(
     // nominates in `Connection`) go before the decision.
     strip_client_request(&mut parts.headers, wants_upgrade);
     if te_trailers {
-        // The one `TE` HTTP/2 allows, which gRPC servers look for.
+        // The one `TE` HTTP/2 allows, which gRPC servers look for. Nominated in
+        // `Connection` for an upstream that answers in HTTP/1.1 (hyper drops that
+        // field when the upstream speaks HTTP/2).
         parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("te"));
     }
     let subject = Subject::Request {
         target: target.clone(),
