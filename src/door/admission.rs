@@ -1,4 +1,4 @@
-//! Fair shares per client address, before a connection has proved who it is: at most
+//! Fair shares per client address (an IPv6 client's /64: `addr::client_key`), before a connection has proved who it is: at most
 //! `proxy.max_unauthenticated_per_client` connections from one address may be open
 //! without having authenticated (so idle sockets from one address cannot take all of
 //! `proxy.max_connections`), and at most `proxy.auth_failures_per_second` failed
@@ -145,6 +145,7 @@ impl Admission {
     /// Admits one more unauthenticated connection from `ip`, or `None` when the
     /// address already holds its share.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Pending> {
+        let ip = crate::addr::client_key(ip);
         if self.max_pending > 0 {
             let mut clients = self.clients();
             if clients.len() >= MAX_TRACKED {
@@ -181,6 +182,7 @@ impl Admission {
         if self.failures_per_second == 0.0 {
             return true;
         }
+        let ip = crate::addr::client_key(ip);
         let mut clients = self.clients();
         match clients.get_mut(&ip) {
             Some(c) => {
@@ -196,6 +198,7 @@ impl Admission {
         if self.failures_per_second == 0.0 {
             return;
         }
+        let ip = crate::addr::client_key(ip);
         let mut clients = self.clients();
         if clients.len() >= MAX_TRACKED && !clients.contains_key(&ip) {
             self.forget_idle(&mut clients);
@@ -245,6 +248,16 @@ mod tests {
         drop(third);
         drop(first);
         assert!(a.clients().is_empty(), "nothing is remembered once all closed");
+    }
+
+    #[test]
+    fn an_ipv6_client_holds_one_share_for_its_64() {
+        let a = Arc::new(Admission::new(1, 0));
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap_or_else(|_| unreachable!()) };
+        let first = a.admit(ip("2001:db8:0:1::1"));
+        assert!(first.is_some());
+        assert!(a.admit(ip("2001:db8:0:1::2")).is_none(), "another address in the same /64");
+        assert!(a.admit(ip("2001:db8:0:2::1")).is_some(), "another /64");
     }
 
     #[test]
