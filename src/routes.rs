@@ -174,6 +174,8 @@ async fn route(
         .registration()
         .unless_ended(crate::https_client::send(&routes_client.clients, &sandbox, up, timeout, "the API"))
         .await;
+    // What went up before an upstream failure or a sweep ended the exchange.
+    rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),

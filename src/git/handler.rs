@@ -229,6 +229,8 @@ async fn route_git(
         .registration()
         .unless_ended(crate::https_client::send(&route.clients, &identity.sandbox, up, timeout, "GitHub"))
         .await;
+    // What went up before an upstream failure or a sweep ended the exchange.
+    rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),

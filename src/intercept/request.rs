@@ -292,6 +292,8 @@ pub async fn handle(
             version,
         ))
         .await;
+    // What went up before an upstream failure or a sweep ended the exchange.
+    rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
         Some(Ok(r)) => r,
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, Entry::Identified),
