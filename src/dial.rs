@@ -1,5 +1,6 @@
 //! What the pooled upstream clients (git, API routes, TLS inspection) share: the
-//! address a response came from, and the dial error inside a client error.
+//! address a response came from, the dial error inside a client error, and the
+//! failure of the request body being sent.
 
 use std::net::SocketAddr;
 
@@ -15,6 +16,20 @@ pub fn dial_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
     while let Some(e) = cur {
         if let Some(d) = e.downcast_ref::<DialError>() {
             return Some(d);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// What failed in the request body being sent, if the client error was that: the
+/// client's framing, a stalled upload, or the gateway refusing what it carried. Told
+/// to the client as its own fault, never as the upstream's.
+pub fn body_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_user) {
+            return Some(e.source().map_or_else(|| e.to_string(), ToString::to_string));
         }
         cur = e.source();
     }

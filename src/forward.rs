@@ -354,6 +354,16 @@ async fn decide_and_send(
             return reject(&mut rec, DenyReason::UpstreamUnreachable, hint);
         }
         Ok(Err(ExchangeError::Http(e))) => {
+            if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() {
+                return door::refuse(&mut rec, door::Refusal::budget(spent), entry);
+            }
+            if let Some(body) = crate::dial::body_failure(&e) {
+                return reject(
+                    &mut rec,
+                    DenyReason::BadRequest,
+                    &format!("the request body could not be sent: {body}"),
+                );
+            }
             return reject(&mut rec, DenyReason::UpstreamUnreachable, &format!("upstream request failed: {e}"));
         }
         Err(_) => {

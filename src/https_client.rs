@@ -322,9 +322,10 @@ pub async fn send_as(
     let client = clients.for_sandbox(sandbox, version);
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(match crate::dial::dial_error(&e) {
-            Some(d) => (d.reason(), d.to_string()),
-            None => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
+        Ok(Err(e)) => Err(match (crate::dial::dial_error(&e), crate::dial::body_failure(&e)) {
+            (Some(d), _) => (d.reason(), d.to_string()),
+            (None, Some(body)) => (DenyReason::BadRequest, format!("the request body could not be sent: {body}")),
+            (None, None) => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
         }),
         Err(_) => Err((DenyReason::UpstreamTimeout, format!("{what} did not answer in time"))),
     }

@@ -126,15 +126,50 @@ pub fn is_encoded(h: &HeaderMap) -> bool {
         || h.get_all(http::header::CONTENT_ENCODING).iter().any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
 }
 
-/// True when an occurrence of `needle` in `hay` follows `%`, or `%` and a hex digit:
-/// an upstream that percent-decodes would fold the first characters of what replaces
-/// it into an escape, and the altered value would pass the redactor.
+/// How far back an unfinished escape before a placeholder is looked for.
+pub const ESCAPE_LOOKBACK: usize = 12;
+
+/// True when an occurrence of `needle` in `hay` starts inside an unfinished escape
+/// ([`opens_escape`]): an upstream that decodes it would fold the first characters of
+/// what replaces the placeholder into the escape (`\uEGRESS…` becomes `\u3f9a…`, one
+/// character), and the altered value would pass the redactor.
 pub fn any_glued(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).enumerate().any(|(at, w)| {
-        let before = |n: usize| at.checked_sub(n).and_then(|i| hay.get(i)).copied();
-        w == needle
-            && (before(1) == Some(b'%')
-                || (before(2) == Some(b'%') && before(1).is_some_and(|b| b.is_ascii_hexdigit())))
+    !needle.is_empty() && hay.windows(needle.len()).enumerate().any(|(at, w)| w == needle && opens_escape(&hay[..at]))
+}
+
+/// Whether `before` ends in an escape that the next characters could complete: `%`,
+/// `%h`, `%u` and up to three hex digits (URLs, IIS); `\` alone, `\u`/`\U`/`\x`
+/// with fewer hex digits than they take (`\x` takes any number), `\u{`/`\x{`, `\N{`,
+/// or up to two octal digits (JSON, JavaScript, Python, C, Java); `&#` and `&#x` with
+/// digits (HTML, which reads a reference without its `;`).
+pub fn opens_escape(before: &[u8]) -> bool {
+    let from = before.len().saturating_sub(ESCAPE_LOOKBACK);
+    (from..before.len()).rev().any(|at| {
+        let tail = &before[at + 1..];
+        let hex = |t: &[u8]| t.iter().all(u8::is_ascii_hexdigit);
+        match before[at] {
+            b'%' => match tail {
+                [] => true,
+                [b'u' | b'U', rest @ ..] => rest.len() < 4 && hex(rest),
+                _ => tail.len() < 2 && hex(tail),
+            },
+            b'\\' => match tail {
+                [] => true,
+                [b'u' | b'x' | b'U' | b'X', b'{', rest @ ..] => hex(rest),
+                [b'N', b'{', rest @ ..] => !rest.contains(&b'}'),
+                [b'u', rest @ ..] => rest.len() < 4 && hex(rest),
+                [b'U', rest @ ..] => rest.len() < 8 && hex(rest),
+                [b'x' | b'X', rest @ ..] => hex(rest),
+                _ => tail.len() < 3 && tail.iter().all(|b| (b'0'..=b'7').contains(b)),
+            },
+            b'&' => match tail {
+                [b'#'] => true,
+                [b'#', b'x' | b'X', rest @ ..] => hex(rest),
+                [b'#', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+                _ => false,
+            },
+            _ => false,
+        }
     })
 }
 
@@ -231,15 +266,17 @@ where
                         seen.extend_from_slice(&buf);
                         if any_glued(&seen, &self.secret) {
                             self.done = true;
-                            return Poll::Ready(Some(Err("a placeholder follows a % escape in the body".into())));
+                            return Poll::Ready(Some(Err(
+                                "a placeholder follows an unfinished escape in the body".into()
+                            )));
                         }
                     }
                     let (out, tail) = scrub_with(&buf, &self.secret, &self.replacement);
                     if self.guard {
-                        let keep = out.len().min(2);
+                        let keep = out.len().min(ESCAPE_LOOKBACK);
                         let mut prev = self.prev.clone();
                         prev.extend_from_slice(&out[out.len() - keep..]);
-                        let cut = prev.len().saturating_sub(2);
+                        let cut = prev.len().saturating_sub(ESCAPE_LOOKBACK);
                         self.prev = prev.split_off(cut);
                     }
                     self.carry = BytesMut::from(&tail[..]);
@@ -282,6 +319,23 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_placeholder_inside_an_unfinished_escape_is_glued() {
+        let ph = b"EGRESS_SECRET_k";
+        let glued = |before: &str| any_glued(format!("{before}EGRESS_SECRET_k").as_bytes(), ph);
+        for open in [
+            "%", "%4", "%u", "%u3f", "\\", "\\u", "\\u3", "\\u3f9", "\\U0001", "\\x", "\\x4", "\\x41414", "\\u{",
+            "\\x{1", "\\N{", "\\1", "\\12", "&#", "&#x", "&#x3f", "&#12", "a=\\u",
+        ] {
+            assert!(glued(open), "{open:?}");
+        }
+        for done in
+            ["", "x=", "%20", "%41", "%u3f9a", "\\u3f9a", "\\n", "\\\"", "\\123", "&amp;", "Bearer ", "\\N{DOT}"]
+        {
+            assert!(!glued(done), "{done:?}");
+        }
+    }
 
     #[test]
     fn only_one_chunked_framing_is_plain() {

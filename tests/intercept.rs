@@ -325,6 +325,14 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let expected_len = format!("key={SECRET}").len();
     assert!(r.body.contains(&format!("\"body_len\":{expected_len}")), "{}", r.body);
 
+    // In a body, a placeholder inside an unfinished JSON escape is refused: the
+    // upstream would read `\u` and the value's first four characters as one.
+    let before = w.origin.recorded().len();
+    let r = curl(&w, &w.gw_ca, &["--data", r#"{"v":"\uEGRESS_SECRET_openai"}"#], &url("inspect.test", "/echo"));
+    assert_ne!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("unfinished escape"), "{}", r.body);
+    assert_eq!(w.origin.recorded().len(), before, "nothing reached the origin");
+
     // In the query (query = true), swapped escaped; an upstream echoing its URL echoes
     // the escaped value, which is redacted too.
     let r = curl(&w, &w.gw_ca, &[], &url("inspect.test", "/echo?key=EGRESS_SECRET_openai"));

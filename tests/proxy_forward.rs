@@ -213,6 +213,23 @@ fn a_chunked_body_on_a_get_reaches_the_origin() {
 }
 
 #[test]
+fn a_request_body_with_broken_framing_is_the_client_s_fault() {
+    // A chunk size that is not hex: hyper fails the body while sending it upstream.
+    let (gw, origin) = start_http();
+    let auth = basic("sbx-a", TOKEN_A);
+    let resp = raw::request(
+        gw.addr,
+        format!(
+            "POST http://origin.test:{}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\
+             Transfer-Encoding: chunked\r\n\r\nZZ\r\nab\r\n0\r\n\r\n",
+            origin.port()
+        ),
+    );
+    assert_eq!(status(&resp), 400, "{resp}");
+    assert!(resp.contains("bad_request") && resp.contains("request body"), "{resp}");
+}
+
+#[test]
 fn an_upstream_s_trailers_reach_a_client_that_takes_them() {
     // The origin answers with a declared trailer.
     let (port, rx) = answers_once(

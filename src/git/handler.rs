@@ -233,6 +233,9 @@ async fn route_git(
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
         Some(Ok(r)) => r,
+        Some(Err(_)) if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() => {
+            return door::refuse(&mut rec, door::Refusal::budget(spent), entry);
+        }
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
         None => return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, entry),
     };

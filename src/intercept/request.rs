@@ -296,6 +296,9 @@ pub async fn handle(
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
         Some(Ok(r)) => r,
+        Some(Err(_)) if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() => {
+            return door::refuse(&mut rec, door::Refusal::budget(spent), Entry::Identified);
+        }
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, Entry::Identified),
         None => return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, Entry::Identified),
     };

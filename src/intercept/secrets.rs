@@ -105,7 +105,8 @@ pub fn swap(
     }
     let glued = |ph: &str| Misuse {
         hint: format!(
-            "{ph} follows a % escape: an upstream that decodes it would alter the value; the request was not sent"
+            "{ph} follows an unfinished escape (%, \\u, \\x, &#): an upstream that decodes it would alter the value; \
+             the request was not sent"
         ),
     };
 
