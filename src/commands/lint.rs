@@ -207,9 +207,13 @@ fn lint_inspection(
     }
     for (r, src) in requests.iter().filter_map(|r| policy.rules().get(r.rule).map(|s| (r, s))) {
         let Some(host) = example_name(&r.host) else { continue };
-        let inspected = [443, 80]
-            .into_iter()
-            .any(|port| policy.inspects(&crate::addr::Target { host: host.clone(), port }).is_some());
+        // On any port an inspect rule names (one written for a single port counts).
+        let inspected = policy
+            .rules()
+            .iter()
+            .filter(|s| s.list == RuleList::Inspect)
+            .filter_map(|s| parse_rule(&s.text).ok())
+            .any(|rule| rule.pattern.matches(&host));
         if !inspected {
             warn(out, src, format!("{host} is not in policies.{}.inspect: this rule is never applied", policy.name()));
         }

@@ -186,11 +186,10 @@ pub async fn handle(
     // nominates in `Connection`) go before the decision.
     strip_client_request(&mut parts.headers, wants_upgrade);
     if te_trailers {
-        // The one `TE` HTTP/2 allows, which gRPC servers look for. Nominated in
-        // `Connection` for an upstream that answers in HTTP/1.1 (hyper drops that
-        // field when the upstream speaks HTTP/2).
+        // The one `TE` HTTP/2 allows, which gRPC servers look for. Not nominated in
+        // `Connection` for an upstream that turns out to speak HTTP/1.1: hyper's HTTP/2
+        // client drops every field `Connection` names, and `TE` with them.
         parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
-        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("te"));
     }
     let subject = Subject::Request {
         target: target.clone(),
@@ -225,9 +224,11 @@ pub async fn handle(
         }
     };
     // An upgraded connection is relayed as bytes, which are not redacted: a value
-    // swapped into its request could come back in the stream.
-    if swapped.lends() && wants_upgrade {
-        let hint = "placeholder secrets are not replaced on upgraded (WebSocket) connections";
+    // swapped into its request, or stored upstream by an earlier one, could come back
+    // in the stream. A host with values bound to it is not upgraded.
+    if swapped.any() && wants_upgrade {
+        let hint = "secrets are bound to this host, and an upgraded (WebSocket) connection is relayed unredacted: \
+                    placeholders are not replaced on it, and it is refused";
         drain_rest(body.take(), door).await;
         return finish(&mut rec, DenyReason::SecretNotAllowed, None, hint, Entry::Identified);
     }

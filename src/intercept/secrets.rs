@@ -100,8 +100,12 @@ pub fn swap(
             out.values.push(v.to_string());
         }
     };
-    for (_, v) in &bound {
-        used(v, &mut out);
+    // Every value bound to the host is redacted from its answers, whichever policies
+    // may lend it: a value one sandbox stored upstream must not come back to another.
+    for s in secrets.iter().filter(|s| s.on_host(host)) {
+        if let Some(v) = values.get(&s.name) {
+            used(v.expose(), &mut out);
+        }
     }
     let glued = |ph: &str| Misuse {
         hint: format!(

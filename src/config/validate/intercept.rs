@@ -47,6 +47,12 @@ impl SecretConfig {
 
     /// True when the value may be sent to `target` by a sandbox under `policy`.
     pub fn bound_to(&self, target: &crate::addr::Target, policy: &str) -> bool {
+        self.on_host(target) && (self.policies.is_empty() || self.policies.iter().any(|p| p == policy))
+    }
+
+    /// Whether this secret is bound to `target` for any policy: its value is then
+    /// redacted from every answer `target` gives, whoever asked.
+    pub fn on_host(&self, target: &crate::addr::Target) -> bool {
         use crate::policy::PortSpec;
         let port_ok = |spec: &PortSpec| match spec {
             PortSpec::Default => target.port == 443,
@@ -54,7 +60,6 @@ impl SecretConfig {
             PortSpec::One(p) => *p == target.port,
         };
         self.hosts.iter().any(|(p, ports)| p.matches(&target.host) && port_ok(ports))
-            && (self.policies.is_empty() || self.policies.iter().any(|p| p == policy))
     }
 
     /// The first secret whose placeholder appears in `bytes`.
