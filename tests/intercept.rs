@@ -932,6 +932,9 @@ policy = "a"
             "git_write_denied",
         ),
         ("GET", "/api/graphql?query=%7B+viewer+%7B+login+%7D+%7D", "", 200, "\"method\":\"GET\""),
+        // A body that names its ref must parse: a lone surrogate would hide the tag.
+        ("PATCH", "/api/v3/repos/acme/widgets/releases/1", r#"{"tag_name":"v9","x":"\ud800"}"#, 400, "bad_request"),
+        ("POST", "/api/v3/repos/acme/widgets/git/refs", "/**/{\"ref\":\"refs/heads/main\"}", 400, "bad_request"),
         // A release creates its tag; keys and collaborators grant write access.
         ("POST", "/api/v3/repos/acme/widgets/releases", r#"{"tag_name":"v9"}"#, 403, "git_ref_denied"),
         (

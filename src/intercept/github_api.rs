@@ -250,21 +250,32 @@ pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
         // The repository itself: settings (the default branch), its deletion.
         ("PATCH" | "DELETE", "") => RefAt::Repo,
         ("POST", t) if t.starts_with("branches/") && t.ends_with("/rename") => {
-            let branch = tail_raw.get("branches/".len()..).unwrap_or_default().split('/').next().unwrap_or("");
-            RefAt::Rename { from: format!("refs/heads/{branch}") }
+            RefAt::Rename { from: format!("refs/heads/{}", branch_of(tail_raw)) }
         }
         // A new repository from this template: no git rule names it.
         ("POST", "generate") => RefAt::Refused(
             "creating a repository from a template is refused: the new repository is not one the git rules name",
         ),
         (_, t) if t.starts_with("branches/") => {
-            let branch = tail_raw.get("branches/".len()..).unwrap_or_default().split('/').next().unwrap_or("");
-            RefAt::Path { name: format!("refs/heads/{branch}"), delete: true }
+            RefAt::Path { name: format!("refs/heads/{}", branch_of(tail_raw)), delete: true }
         }
         (_, t) if t.starts_with("git/") => RefAt::Repo,
         _ => return None,
     };
     Some(ApiWrite { repo: repo_name, at })
+}
+
+/// The branch a `branches/{branch}[/protection…|/rename]` path names: a branch name may
+/// hold `/` (GitHub takes it unencoded), so it runs to the first sub-resource segment
+/// (`protection`, `rename`), or to the end.
+fn branch_of(tail_raw: &str) -> String {
+    let rest = tail_raw.get("branches/".len()..).unwrap_or_default();
+    let segments: Vec<&str> = rest.split('/').collect();
+    let end = segments
+        .iter()
+        .position(|s| s.eq_ignore_ascii_case("protection") || s.eq_ignore_ascii_case("rename"))
+        .unwrap_or(segments.len());
+    segments[..end].join("/")
 }
 
 /// The subjects a write is decided as: the repository's write, then its ref when
@@ -324,6 +335,19 @@ mod tests {
         let read =
             br#"{"query":"query { repository(owner:\"a\", name:\"b\") { refs(first: 5) { nodes { name } } } }"}"#;
         assert_eq!(graphql_write(read), None);
+        let branch = |m: &str, p: &str| write_of(m, p).map(|w| w.at);
+        assert_eq!(
+            branch("DELETE", "/repos/a/b/branches/release/1.0/protection"),
+            Some(RefAt::Path { name: "refs/heads/release/1.0".into(), delete: true })
+        );
+        assert_eq!(
+            branch("POST", "/repos/a/b/branches/release/1.0/rename"),
+            Some(RefAt::Rename { from: "refs/heads/release/1.0".into() })
+        );
+        assert_eq!(
+            branch("PUT", "/repos/a/b/branches/main/protection/required_status_checks"),
+            Some(RefAt::Path { name: "refs/heads/main".into(), delete: true })
+        );
         assert_eq!(
             graphql_query_write("query=mutation+%7B+c%72eateRef(input%3A%7B%7D)+%7B+x+%7D+%7D"),
             Some("createref")

@@ -152,6 +152,14 @@ pub async fn handle(
                         let hint = "a GraphQL request to the GitHub API must be a JSON body the gateway can read";
                         return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Identified);
                     }
+                    // A body that names its ref but does not parse here might still parse
+                    // upstream (a comment, a byte order mark, a lone surrogate): its ref
+                    // would go unjudged.
+                    if value.is_none() && !bytes.is_empty() {
+                        let hint = "this GitHub API write names its ref in a JSON body, which must be plain JSON the \
+                                    gateway can read for the git rules to judge it";
+                        return finish(&mut rec, DenyReason::BadRequest, None, hint, Entry::Identified);
+                    }
                     buffered = Some(bytes);
                     value
                 }
