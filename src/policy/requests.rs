@@ -137,27 +137,84 @@ impl RequestRule {
     /// matcher needs every value the request carries for its name to match, a deny
     /// rule's any one of them: a duplicate can neither smuggle a second value past an
     /// allow rule nor hide the first from a deny rule.
+    ///
+    /// A deny rule also matches the spellings some upstreams read as the same: the
+    /// path without its trailing `/`, with the letters Unicode case-folds to ASCII
+    /// (`ſ`, `ı`, the Kelvin sign) folded, query values without surrounding white space
+    /// or NULs; for both actions, query names lose a `[]` suffix and white space, pairs
+    /// split at `;` as at `&`, and header names match with `_` for `-` (CGI reads
+    /// both as one).
     pub fn matches(&self, r: &RequestView<'_>) -> bool {
-        let fits = |values: Vec<String>, g: &GlobMatcher| match self.action {
-            Action::Allow => !values.is_empty() && values.iter().all(|v| g.is_match(v)),
-            Action::Deny => values.iter().any(|v| g.is_match(v)),
+        let deny = self.action == Action::Deny;
+        let fits = |values: Vec<String>, g: &GlobMatcher| {
+            if deny {
+                values
+                    .iter()
+                    .any(|v| g.is_match(v) || g.is_match(v.trim_matches(|c: char| c.is_whitespace() || c == '\0')))
+            } else {
+                !values.is_empty() && values.iter().all(|v| g.is_match(v))
+            }
+        };
+        let path_fits = |p: &GlobSet| {
+            p.is_match(r.path)
+                || (deny && {
+                    let folded = fold_lookalikes(r.path);
+                    let trimmed = |s: &str| -> Option<String> {
+                        let t = s.trim_end_matches('/');
+                        (t.len() != s.len() && !t.is_empty()).then(|| t.to_string())
+                    };
+                    p.is_match(&folded)
+                        || trimmed(r.path).is_some_and(|t| p.is_match(&t))
+                        || trimmed(&folded).is_some_and(|t| p.is_match(&t))
+                })
         };
         self.host.matches(r.host)
             && (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(r.method)))
-            && self.paths.as_ref().is_none_or(|p| p.is_match(r.path))
+            && self.paths.as_ref().is_none_or(path_fits)
             && self.query.iter().all(|(k, g)| {
-                fits(query_pairs(r.query).filter(|(qk, _)| qk.eq_ignore_ascii_case(k)).map(|(_, v)| v).collect(), g)
+                fits(
+                    query_pairs(r.query)
+                        .filter(|(qk, _)| query_name(qk).eq_ignore_ascii_case(k))
+                        .map(|(_, v)| v)
+                        .collect(),
+                    g,
+                )
             })
             && self.headers.iter().all(|(k, g)| {
                 let values = r
                     .headers
                     .iter()
-                    .filter(|(hk, _)| hk == k)
+                    .filter(|(hk, _)| same_name(hk, k))
                     .flat_map(|(_, v)| v.split(',').map(|x| x.trim().to_string()))
                     .collect();
                 fits(values, g)
             })
     }
+}
+
+/// A query name as array-taking frameworks read it: `ref[]` and ` ref` are `ref`.
+fn query_name(k: &str) -> &str {
+    let k = k.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+    k.strip_suffix("[]").unwrap_or(k)
+}
+
+/// Header names alike, `_` and `-` taken as one (both are lower case here).
+fn same_name(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes().zip(b.bytes()).all(|(x, y)| x == y || (x == b'_' && y == b'-') || (x == b'-' && y == b'_'))
+}
+
+/// The letters whose Unicode case folding is ASCII (Java's and .NET's case-insensitive
+/// comparisons take `ſ` for `s`, `ı` for `i`, the Kelvin sign for `k`), folded.
+fn fold_lookalikes(path: &str) -> String {
+    path.chars()
+        .map(|c| match c {
+            '\u{17f}' => 's',
+            '\u{131}' => 'i',
+            '\u{212a}' => 'k',
+            c => c,
+        })
+        .collect()
 }
 
 fn http_token(s: &str) -> bool {
@@ -203,7 +260,7 @@ pub fn normalize_path(path: &str) -> Result<String, &'static str> {
 
 /// `k=v` pairs of a query, percent-decoded (`+` as a space).
 pub fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (String, String)> + '_ {
-    query.unwrap_or("").split('&').filter(|p| !p.is_empty()).map(|p| {
+    query.unwrap_or("").split(['&', ';']).filter(|p| !p.is_empty()).map(|p| {
         let (k, v) = p.split_once('=').unwrap_or((p, ""));
         let d = |s: &str| String::from_utf8_lossy(&decode(s.as_bytes(), true)).into_owned();
         (d(k), d(v))
@@ -306,6 +363,45 @@ mod tests {
         v.query = Some("ref=main");
         v.headers = &[];
         assert!(!r.matches(&v));
+    }
+
+    #[test]
+    fn a_deny_rule_matches_the_spellings_upstreams_read_alike() {
+        let (methods, paths) = (vec![], vec!["/echo/secret".to_string(), "/admin/**".to_string()]);
+        let spec = RequestSpec {
+            host: "a.test",
+            methods: &methods,
+            paths: &paths,
+            query: vec![],
+            headers: vec![],
+            action: "deny",
+        };
+        let deny = RequestRule::compile(&spec, 0).unwrap();
+        let allow = RequestRule::compile(&RequestSpec { action: "allow", ..spec.clone() }, 1).unwrap();
+        let h = Host::Name("a.test".into());
+        for path in ["/echo/secret/", "/echo/\u{17f}ecret", "/adm\u{131}n/x", "/echo/secret//"] {
+            assert!(deny.matches(&view(&h, "GET", path)), "{path}");
+        }
+        assert!(!allow.matches(&view(&h, "GET", "/echo/secret/")), "an allow rule stays exact");
+        assert!(!deny.matches(&view(&h, "GET", "/echo/secrets")));
+
+        let no_paths = vec![];
+        let q = RequestSpec {
+            paths: &no_paths,
+            query: vec![("ref", "main")],
+            headers: vec![("x-danger", "*")],
+            ..spec.clone()
+        };
+        let deny = RequestRule::compile(&q, 2).unwrap();
+        let danger = vec![("x_danger".to_string(), "1".to_string())];
+        for query in
+            ["x=1;ref=main", "ref[]=main", "ref%5B%5D=main", "%20ref=main", "ref=main%20", "ref=main+", "ref=main%00"]
+        {
+            let v = RequestView { host: &h, method: "GET", path: "/", query: Some(query), headers: &danger };
+            assert!(deny.matches(&v), "{query}");
+        }
+        let v = RequestView { host: &h, method: "GET", path: "/", query: Some("ref=mainline"), headers: &danger };
+        assert!(!deny.matches(&v));
     }
 
     #[test]
