@@ -150,7 +150,7 @@ pub async fn first_request(
 /// Entry point for every request on the proxy port: chooses the handler.
 /// `upstream`: the connection's own upstream connection for forwarded requests.
 pub async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     conn: &ConnInfo,
     upstream: &crate::forward::Upstream,
     shared: &Arc<Shared>,
@@ -158,8 +158,6 @@ pub async fn handle(
     let door = &shared.door;
     let state = door.store.snapshot();
     let gh_host = &door.config.github.web_host;
-    let absolute_host =
-        |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
     let refuse = async |req: Request<Incoming>, hint: &str| {
         let mut rec = AccessRecord::with_vpce(
             Kind::Forward,
@@ -172,6 +170,26 @@ pub async fn handle(
         let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
         crate::door::bodies::refuse_request(req, door.config.proxy.tunnel_idle_timeout, resp).await
     };
+    let origin_path = |path: &str| {
+        path.starts_with("/routes/")
+            || path.strip_prefix('/').and_then(|p| p.strip_prefix(gh_host.as_str())).is_some_and(|r| r.starts_with('/'))
+    };
+    // A client with `HTTP_PROXY` set sends its request for the gateway's own git or
+    // route URL to the gateway as a proxy (`GET http://gateway:4002/routes/...`): it is
+    // the origin-form request it would have sent without one.
+    if req.method() != Method::CONNECT
+        && req.uri().scheme_str() == Some("http")
+        && origin_path(req.uri().path())
+        && let Some(Ok(target)) = req.uri().authority().map(|a| crate::addr::parse_authority(a.as_str(), Some(80)))
+        && door.resolver.is_own_target(&target).await
+    {
+        let origin_form = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+        if let Ok(uri) = origin_form.parse() {
+            *req.uri_mut() = uri;
+        }
+    }
+    let absolute_host =
+        |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
     if req.method() == Method::CONNECT {
         crate::connect::handle(req, conn, door, state, inspector(shared)).await
     } else if let Some(hint) = crate::door::headers::unsupported_transfer_coding(req.headers()) {
@@ -184,13 +202,7 @@ pub async fn handle(
         crate::forward::handle(req, conn, door, upstream, state).await
     } else if req.uri().path().starts_with("/routes/") {
         crate::routes::handle(req, conn, door, &shared.routes, state, Entry::Origin).await
-    } else if req
-        .uri()
-        .path()
-        .strip_prefix('/')
-        .and_then(|p| p.strip_prefix(gh_host.as_str()))
-        .is_some_and(|r| r.starts_with('/'))
-    {
+    } else if origin_path(req.uri().path()) {
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Origin).await
     } else {
         let hint = "this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT, \

@@ -180,6 +180,19 @@ impl Resolver {
         Ok(ips)
     }
 
+    /// Whether `target` names one of the gateway's own listeners: a port one listens
+    /// on, at an address the host resolves to (unvetted). Only that port is looked up.
+    pub async fn is_own_target(&self, target: &Target) -> bool {
+        let Some(own) = self.own.get() else { return false };
+        if !own.iter().any(|l| l.port() == target.port) {
+            return false;
+        }
+        match self.resolve(&target.host).await {
+            Ok(ips) => ips.iter().any(|ip| is_own(own, SocketAddr::new(*ip, target.port))),
+            Err(_) => false,
+        }
+    }
+
     /// The addresses of `target` that the egress filter lets through, canonicalised.
     pub async fn vetted(&self, target: &Target) -> Result<Addrs, DialError> {
         // A peer name is never looked up in DNS, and its address is not vetted against

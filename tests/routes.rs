@@ -92,6 +92,19 @@ fn origin_form_injects_the_key_and_strips_the_sandboxs() {
 }
 
 #[test]
+fn a_client_with_http_proxy_set_reaches_the_gateways_own_route_url() {
+    // Python requests, git and curl send `http://gateway:4002/routes/...` to the proxy
+    // as an absolute-form request: it is the route, not a forward to the gateway.
+    let w = world("");
+    let own = format!("http://{}/routes/api/echo", w.gw.addr);
+    let out = curl(&["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), "-H", &format!("x-api-key: sbx-a:{TOKEN_A}"), &own]);
+    assert_eq!(out.status, 200, "{out:?}");
+    assert_eq!(header(&w.api.recorded()[0], "x-api-key"), Some(SECRET));
+    let rec = w.gw.access_for("route:api");
+    assert_eq!(rec["decision"], "allow");
+}
+
+#[test]
 fn absolute_form_is_upgraded_to_https() {
     let w = world("");
     let out = curl(&["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), &format!("http://api.test:{}/echo", w.api.port())]);
