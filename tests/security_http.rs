@@ -287,9 +287,18 @@ fn one_address_cannot_starve_others_before_authenticating() {
         s.write_all(req.as_bytes()).unwrap();
         raw::read_all(&mut s)
     };
+    // A sandbox already in on a kept connection from the same address (one NAT).
+    let mut kept = raw::connect_from([127, 0, 0, 4], gw.addr).unwrap();
+    let kept_req = format!("GET {url} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n", basic("sbx-a", TOKEN_A));
+    let mut kept_get = || {
+        kept.write_all(kept_req.as_bytes()).unwrap();
+        status(&raw::read_response(&mut kept))
+    };
+    assert_eq!(kept_get(), 200);
     let statuses: Vec<u16> = (0..8).map(|i| status(&attempt(&format!("wrong-{i}")))).collect();
     assert_eq!(&statuses[..5], &[407; 5], "{statuses:?}");
     assert!(statuses[5..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert_eq!(kept_get(), 200, "a connection that proved its credentials is not shut out by another's failures");
     let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &url]);
     assert_eq!(out.status, 200, "other addresses keep their budget: {out:?}");
     drop(idle);

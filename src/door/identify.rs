@@ -97,15 +97,18 @@ pub fn identify(door: &Door, state: &State, conn: &ConnInfo, presented: Presente
         return check_binding(&identity, conn).map(|()| identity);
     }
     let ip = conn.peer.ip();
-    if !door.admission.may_try(ip) {
-        return Err(AuthError::TooManyFailures);
-    }
     let now = crate::tokens::now();
+    // A connection that already proved these credentials is not held to its address's
+    // failure budget: another client failing from the same address (behind one NAT)
+    // must not shut out a sandbox already in.
     let memo = conn.remembered.as_deref().zip(presented.proxy_authorization);
     if let Some((memo, value)) = memo
         && let Some(identity) = memo.recall(value, state.generation, now)
     {
         return Ok(identity);
+    }
+    if !door.admission.may_try(ip) {
+        return Err(AuthError::TooManyFailures);
     }
     let result = presented
         .credentials()
