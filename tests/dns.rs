@@ -245,6 +245,21 @@ fn a_flooding_source_is_limited_while_others_are_answered() {
     // Another source is unaffected.
     let r = udp(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
     assert_eq!(ips(&r), vec!["127.0.0.1"]);
+
+    // Garbage spends the rate too: unparseable queries from a third source are
+    // answered FORMERR up to its burst, then dropped.
+    let garbage = udp_socket("127.0.0.3");
+    let mut bad = header(0x0bad, 1);
+    bad.extend_from_slice(&[0x3f, b'a', b'a']);
+    for _ in 0..200 {
+        garbage.send_to(&bad, dns).unwrap();
+    }
+    garbage.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut answered = 0;
+    while garbage.recv(&mut buf).is_ok() {
+        answered += 1;
+    }
+    assert!((15..=40).contains(&answered), "garbage answered {answered} of 200");
 }
 
 #[test]

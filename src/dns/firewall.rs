@@ -327,9 +327,17 @@ fn latency_sample() -> bool {
 }
 
 impl Handler {
-    /// Counts a query that could not be parsed and was answered FORMERR directly.
-    pub fn count_unparseable(&self, tcp: bool) {
+    /// A query that could not be parsed, from `src`: whether to answer it FORMERR. It
+    /// spends its source's rate as any query does (a flood of garbage is no cheaper),
+    /// and over the rate it is dropped when `dns.rate_limit_action` drops.
+    pub fn answer_unparseable(&self, src: std::net::IpAddr, tcp: bool) -> bool {
+        let f = &self.firewall;
+        if f.limiter.enabled() && !f.limiter.allow(src, Instant::now()) {
+            self.metrics.record(tcp, Outcome::RateLimited, Instant::now());
+            return f.limit_action != RateLimitAction::Drop;
+        }
         self.metrics.formerr(tcp);
+        true
     }
 }
 

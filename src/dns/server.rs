@@ -224,7 +224,8 @@ async fn serve_tcp(
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Some(client_slot) = per_client.take(peer.ip(), limits.per_client) else {
+        // An IPv6 client counts by its /64, as the rate limit does.
+        let Some(client_slot) = per_client.take(crate::addr::client_key(peer.ip()), limits.per_client) else {
             ::metrics::counter!(metrics::DNS_TCP_REFUSED).increment(1);
             continue; // dropped: closed at once
         };

@@ -33,10 +33,7 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
             handler.handle_request::<_, TokioTime>(&request, slot.clone()).await;
             slot.take()
         }
-        Err(_) => {
-            handler.count_unparseable(protocol == Protocol::Tcp);
-            Some(formerr(raw))
-        }
+        Err(_) => handler.answer_unparseable(peer.ip(), protocol == Protocol::Tcp).then(|| formerr(raw)),
     }
 }
 
