@@ -194,7 +194,7 @@ async fn admit(
         Some(Ok(ok)) => ok,
         Some(Err(e)) => {
             let reason = e.reason();
-            return Err(reject(rec, reason, &e.to_string()));
+            return Err(reject(rec, reason, &e.client_hint()));
         }
         None => return Err(reject(rec, DenyReason::Revoked, ENDED_HINT)),
     };

@@ -347,7 +347,7 @@ async fn decide_and_send(
             rec.upstream_addr = Some(addr);
             resp
         }
-        Ok(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.to_string()),
+        Ok(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.client_hint()),
         Ok(Err(ExchangeError::Http(e))) if e.is_parse_too_large() => {
             let hint = "the upstream answered with a head of more than 100 fields or about 400 KiB, more than the \
                         gateway takes";

@@ -323,7 +323,7 @@ pub async fn send_as(
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) => Err(match (crate::dial::dial_error(&e), crate::dial::body_failure(&e)) {
-            (Some(d), _) => (d.reason(), d.to_string()),
+            (Some(d), _) => (d.reason(), d.client_hint()),
             (None, Some(body)) => (DenyReason::BadRequest, format!("the request body could not be sent: {body}")),
             (None, None) => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
         }),

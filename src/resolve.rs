@@ -35,6 +35,25 @@ pub enum DialError {
 }
 
 impl DialError {
+    /// What the client is told: the reason without what the gateway's resolver
+    /// answered (the denied address itself, the resolver's own error), which would
+    /// make the gateway an oracle on the network's private names and addresses. The
+    /// whole error is logged at debug level.
+    pub fn client_hint(&self) -> String {
+        tracing::debug!(error = %self, "dial refused");
+        match self {
+            DialError::AddressDenied(d) => {
+                format!("every address the name resolves to is in a denied range ({})", d.net)
+            }
+            DialError::OwnListener(_) => {
+                "the target is one of the gateway's own listeners, which are never dialled".into()
+            }
+            DialError::ResolveFailed(why) if why.contains("timed out") => "resolution timed out".into(),
+            DialError::ResolveFailed(_) => "the name does not resolve to an address".into(),
+            DialError::Unreachable(_) | DialError::Timeout => self.to_string(),
+        }
+    }
+
     pub fn reason(&self) -> DenyReason {
         match self {
             DialError::AddressDenied(_) | DialError::OwnListener(_) => DenyReason::AddressDenied,
@@ -442,5 +461,10 @@ mod tests {
         let e = vet_all(&f, &ips[..1], 443).unwrap_err();
         assert_eq!(e.reason(), DenyReason::AddressDenied);
         assert!(e.to_string().contains("10.0.0.1 in 10.0.0.0/8"), "{e}");
+        // The client learns the range, not what the resolver answered.
+        let hint = e.client_hint();
+        assert!(hint.contains("10.0.0.0/8") && !hint.contains("10.0.0.1"), "{hint}");
+        let failed = DialError::ResolveFailed("no records found for Query { name: Name(\"db.corp.\") }".into());
+        assert_eq!(failed.client_hint(), "the name does not resolve to an address");
     }
 }

@@ -151,7 +151,7 @@ pub async fn serve(
         match hold.registration().unless_ended(door.resolver.dial_for_relay(&target)).await {
             Some(Ok(ok)) => ok,
             Some(Err(e)) => {
-                let refusal = Refusal::new(e.reason(), e.to_string());
+                let refusal = Refusal::new(e.reason(), e.client_hint());
                 return refuse(&mut stream, &mut rec, refusal).await;
             }
             None => {
