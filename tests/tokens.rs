@@ -175,6 +175,10 @@ fn revocation_applies_on_reload() {
     for (user, token) in [("sbx-r1", t1.as_str()), ("sbx-r2", t2.as_str()), ("sbx-a", support::TOKEN_A)] {
         let resp = get_via(&gw, &origin, user, token);
         assert_eq!(status(&resp), 407, "{user}: {resp}");
+        // A signed token is told why.
+        if user != "sbx-a" {
+            assert!(resp.contains("token has been revoked"), "{user}: {resp}");
+        }
     }
 }
 

@@ -65,6 +65,9 @@ pub fn identified(door: &Door, state: &State, conn: &ConnInfo, presented: Presen
         Err(e @ (AuthError::WrongNetwork | AuthError::WrongCertificate | AuthError::TooManyFailures)) => {
             Err(Refusal::new(e.reason(), e.to_string()))
         }
+        // A signed token's own fault (expired, revoked, not yet valid) is told: the
+        // holder gets nothing from it but the cause to fix.
+        Err(e @ AuthError::Token(_)) => Err(Refusal::new(e.reason(), format!("{e}; {AUTH_HINT}"))),
         Err(e) => Err(Refusal::new(e.reason(), AUTH_HINT)),
     }
 }
