@@ -196,6 +196,9 @@ fn malformed_datagrams() {
 
     let mut pointer_loop = header(0x1234, 1);
     pointer_loop.extend_from_slice(&[0xC0, 0x0C, 0, 1, 0, 1]);
+    // A pointer into the header: the echoed question would point into the answer's.
+    let mut into_header = header(0x1235, 1);
+    into_header.extend_from_slice(&[0xC0, 0x00, 0, 1, 0, 1]);
     let mut long_name = header(0x2345, 1);
     for _ in 0..5 {
         long_name.push(63);
@@ -211,6 +214,7 @@ fn malformed_datagrams() {
 
     let cases = [
         (pointer_loop, 0x1234u16),
+        (into_header, 0x1235),
         (long_name, 0x2345),
         (two.to_vec().unwrap(), 0x4567),
         (none.to_vec().unwrap(), 0x5678),

@@ -27,6 +27,9 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
     if raw.len() < 12 || raw[2] & 0x80 != 0 {
         return None;
     }
+    if first_name_points(raw) {
+        return handler.answer_unparseable(peer.ip(), protocol == Protocol::Tcp).then(|| formerr(raw));
+    }
     match Request::from_bytes(raw.to_vec(), peer, protocol) {
         Ok(request) => {
             let slot = Responder { protocol, out: Arc::default() };
@@ -35,6 +38,26 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
         }
         Err(_) => handler.answer_unparseable(peer.ip(), protocol == Protocol::Tcp).then(|| formerr(raw)),
     }
+}
+
+/// Whether the first question's name holds a compression pointer: nothing precedes
+/// it but the header, so a pointer can only lead into the header (or forward), and
+/// the answer, which echoes the question as sent, would point into its own header.
+fn first_name_points(raw: &[u8]) -> bool {
+    if raw.get(4..6) == Some(&[0, 0]) {
+        return false;
+    }
+    let mut at = 12;
+    while let Some(&len) = raw.get(at) {
+        if len & 0xC0 != 0 {
+            return true;
+        }
+        if len == 0 {
+            return false;
+        }
+        at += 1 + usize::from(len);
+    }
+    false
 }
 
 /// A bare FORMERR header echoing the query's id, opcode and RD bit (RFC 1035 4.1.1:
