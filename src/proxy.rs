@@ -181,7 +181,8 @@ pub async fn handle(
         && req.uri().scheme_str() == Some("http")
         && origin_path(req.uri().path())
         && let Some(Ok(target)) = req.uri().authority().map(|a| crate::addr::parse_authority(a.as_str(), Some(80)))
-        && door.resolver.is_own_target(&target).await
+        // Boxed: a lookup's state would otherwise sit in every request's future.
+        && Box::pin(door.resolver.is_own_target(&target)).await
     {
         let origin_form = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
         if let Ok(uri) = origin_form.parse() {
