@@ -147,10 +147,45 @@ pub async fn first_request(
     crate::connect::handle_first(&head, early, stream, conn, &shared.door, state, inspector(shared)).await
 }
 
+/// An absolute-form request for the gateway's own route or git URL
+/// (`GET http://gateway:4002/routes/...`), which a client with `HTTP_PROXY` set sends
+/// to the gateway as a proxy: served as the origin-form request it would have sent
+/// without one. It came to a proxy, so a missing credential is asked for with `407`.
+async fn own_url(
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    shared: &Arc<Shared>,
+    state: Arc<crate::reload::State>,
+) -> Response<ProxyBody> {
+    let door = &shared.door;
+    let origin_form = req.uri().path_and_query().and_then(|p| p.as_str().parse::<http::Uri>().ok());
+    if let Some(uri) = origin_form {
+        *req.uri_mut() = uri;
+    }
+    let asked = req.headers().contains_key(http::header::AUTHORIZATION);
+    let mut resp = if req.uri().path().starts_with("/routes/") {
+        crate::routes::handle(req, conn, door, &shared.routes, state, Entry::Origin).await
+    } else {
+        crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Origin).await
+    };
+    // The gateway's own challenge only (an upstream's 401 is the upstream's answer).
+    if !asked
+        && resp.status() == http::StatusCode::UNAUTHORIZED
+        && resp.headers().contains_key(crate::door::respond::DENY_REASON_HEADER)
+    {
+        *resp.status_mut() = http::StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+        let challenge = resp.headers_mut().remove(http::header::WWW_AUTHENTICATE);
+        if let Some(c) = challenge {
+            resp.headers_mut().insert(http::header::PROXY_AUTHENTICATE, c);
+        }
+    }
+    resp
+}
+
 /// Entry point for every request on the proxy port: chooses the handler.
 /// `upstream`: the connection's own upstream connection for forwarded requests.
 pub async fn handle(
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     conn: &ConnInfo,
     upstream: &crate::forward::Upstream,
     shared: &Arc<Shared>,
@@ -174,21 +209,6 @@ pub async fn handle(
         path.starts_with("/routes/")
             || path.strip_prefix('/').and_then(|p| p.strip_prefix(gh_host.as_str())).is_some_and(|r| r.starts_with('/'))
     };
-    // A client with `HTTP_PROXY` set sends its request for the gateway's own git or
-    // route URL to the gateway as a proxy (`GET http://gateway:4002/routes/...`): it is
-    // the origin-form request it would have sent without one.
-    if req.method() != Method::CONNECT
-        && req.uri().scheme_str() == Some("http")
-        && origin_path(req.uri().path())
-        && let Some(Ok(target)) = req.uri().authority().map(|a| crate::addr::parse_authority(a.as_str(), Some(80)))
-        // Boxed: a lookup's state would otherwise sit in every request's future.
-        && Box::pin(door.resolver.is_own_target(&target)).await
-    {
-        let origin_form = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
-        if let Ok(uri) = origin_form.parse() {
-            *req.uri_mut() = uri;
-        }
-    }
     let absolute_host =
         |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
     if req.method() == Method::CONNECT {
@@ -199,6 +219,16 @@ pub async fn handle(
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Absolute).await
     } else if absolute_host(&|h| crate::routes::is_route_host(&door.config.routes, h)) {
         crate::routes::handle(req, conn, door, &shared.routes, state, Entry::Absolute).await
+    } else if req.uri().scheme_str() == Some("http")
+        && origin_path(req.uri().path())
+        && req
+            .uri()
+            .authority()
+            .and_then(|a| crate::addr::parse_authority(a.as_str(), Some(80)).ok())
+            .is_some_and(|t| door.resolver.is_own_target(&t, &door.config.proxy.names))
+    {
+        // Boxed: its state need not sit in every request's future.
+        Box::pin(own_url(req, conn, shared, state)).await
     } else if req.uri().scheme().is_some() {
         crate::forward::handle(req, conn, door, upstream, state).await
     } else if req.uri().path().starts_with("/routes/") {

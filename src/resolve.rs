@@ -199,16 +199,24 @@ impl Resolver {
         Ok(ips)
     }
 
-    /// Whether `target` names one of the gateway's own listeners: a port one listens
-    /// on, at an address the host resolves to (unvetted). Only that port is looked up.
-    pub async fn is_own_target(&self, target: &Target) -> bool {
+    /// Whether `target` names one of the gateway's own listeners, without a lookup
+    /// (a name looked up for a client not yet authenticated would carry its data to
+    /// any name server): an address literal or a `resolver.hosts` entry at one of
+    /// them, or one of `names` (`proxy.names`) on a port one listens on.
+    pub fn is_own_target(&self, target: &Target, names: &[String]) -> bool {
         let Some(own) = self.own.get() else { return false };
         if !own.iter().any(|l| l.port() == target.port) {
             return false;
         }
-        match self.resolve(&target.host).await {
-            Ok(ips) => ips.iter().any(|ip| is_own(own, SocketAddr::new(*ip, target.port))),
-            Err(_) => false,
+        match &target.host {
+            Host::Ip(ip) => is_own(own, SocketAddr::new(*ip, target.port)),
+            Host::Name(name) => {
+                names.iter().any(|n| n == name)
+                    || self
+                        .hosts
+                        .get(name)
+                        .is_some_and(|ips| ips.iter().any(|ip| is_own(own, SocketAddr::new(*ip, target.port))))
+            }
         }
     }
 

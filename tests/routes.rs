@@ -22,21 +22,23 @@ struct World {
 }
 
 fn world(route_extra: &str) -> World {
-    world_with(route_extra, "[\"api\"]")
+    world_with(route_extra, "[\"api\"]", "")
 }
 
 /// `{PORT}` and `{SECRET}` in `route_extra` are the upstream's port and the secret
 /// file; `routes` is policy `a`'s `routes` list.
-fn world_with(route_extra: &str, routes: &str) -> World {
+fn world_with(route_extra: &str, routes: &str, proxy_extra: &str) -> World {
     let ca = TestCa::new(&["api.test"]);
     let api = TestOrigin::https(&ca);
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("api.key");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
-    let hosts = STANDARD_CONFIG.replace(
-        "\"mixed.test\" = [\"127.0.0.2\", \"127.0.0.1\"]",
-        "\"mixed.test\" = [\"127.0.0.2\", \"127.0.0.1\"]\n\"api.test\" = [\"127.0.0.1\"]",
-    );
+    let hosts = STANDARD_CONFIG
+        .replace(
+            "\"mixed.test\" = [\"127.0.0.2\", \"127.0.0.1\"]",
+            "\"mixed.test\" = [\"127.0.0.2\", \"127.0.0.1\"]\n\"api.test\" = [\"127.0.0.1\"]",
+        )
+        .replace("[proxy]\n", &format!("[proxy]\n{proxy_extra}\n"));
     // The route's upstream is verified against the test CA (github.ca_file is the extra
     // CA for every upstream the gateway itself calls).
     let config = format!(
@@ -95,13 +97,24 @@ fn origin_form_injects_the_key_and_strips_the_sandboxs() {
 fn a_client_with_http_proxy_set_reaches_the_gateways_own_route_url() {
     // Python requests, git and curl send `http://gateway:4002/routes/...` to the proxy
     // as an absolute-form request: it is the route, not a forward to the gateway.
-    let w = world("");
-    let own = format!("http://{}/routes/api/echo", w.gw.addr);
-    let out = curl(&["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), "-H", &format!("x-api-key: sbx-a:{TOKEN_A}"), &own]);
-    assert_eq!(out.status, 200, "{out:?}");
-    assert_eq!(header(&w.api.recorded()[0], "x-api-key"), Some(SECRET));
+    // By address, or by a name in proxy.names: never looked up, so a client not yet
+    // authenticated cannot make the gateway resolve a name of its choosing.
+    let w = world_with("", "[\"api\"]", "names = [\"Gateway.Test\"]");
+    let port = w.gw.addr.port();
+    for own in [format!("http://{}/routes/api/echo", w.gw.addr), format!("http://gateway.test:{port}/routes/api/echo")]
+    {
+        let out = curl(&["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), &own]);
+        assert_eq!(out.status, 200, "{own}: {out:?}");
+        assert_eq!(header(&w.api.recorded().pop().unwrap(), "x-api-key"), Some(SECRET));
+    }
     let rec = w.gw.access_for("route:api");
     assert_eq!(rec["decision"], "allow");
+    // Without a credential: challenged as a proxy challenges (git sends its proxy
+    // credential only after a 407).
+    let own = format!("http://{}/routes/api/echo", w.gw.addr);
+    let resp = raw::request(w.gw.addr, format!("GET {own} HTTP/1.1\r\nHost: x\r\n\r\n"));
+    assert_eq!(status(&resp), 407, "{resp}");
+    assert!(resp.to_ascii_lowercase().contains("proxy-authenticate: basic"), "{resp}");
 }
 
 #[test]
@@ -352,7 +365,7 @@ fn route_rules_hold_against_overrides_encodings_and_ordering() {
     drop(w);
 
     // Two routes on one host: the first the policy lists is the one used.
-    let w = world_with(&format!("paths = [\"/echo\"]\n{open_route}"), "[\"open\", \"api\"]");
+    let w = world_with(&format!("paths = [\"/echo\"]\n{open_route}"), "[\"open\", \"api\"]", "");
     let out = curl(&["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), &format!("http://api.test:{}/bytes/3", w.api.port())]);
     assert_eq!(out.status, 200, "{out:?}");
     let rec = w.api.recorded().pop().unwrap();
@@ -373,7 +386,7 @@ fn an_inspected_route_host_takes_the_route_and_refuses_a_tunnel_inside() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let intercept =
         format!("\n[intercept]\nca_cert_file = \"{}\"\nca_key_file = \"{}\"\n", cert.display(), key.display());
-    let w = world_with(&intercept, "[\"api\"]\ninspect = [\"api.test:*\"]");
+    let w = world_with(&intercept, "[\"api\"]\ninspect = [\"api.test:*\"]", "");
     let url = format!("https://api.test:{}/echo", w.api.port());
     let proxy = w.gw.proxy_url("sbx-a", TOKEN_A);
 
@@ -405,7 +418,7 @@ fn escaped_echoes_of_the_key_are_redacted_and_underscore_names_stripped() {
         "\n[[routes]]\nname = \"api2\"\nupstream = \"https://api.test:{{PORT}}\"\ninject = {{ header = \"x-api-key\", secret_file = \"{}\" }}\n",
         key_file.display()
     );
-    let w = world_with(&extra, "[\"api\", \"api2\"]");
+    let w = world_with(&extra, "[\"api\", \"api2\"]", "");
     let resp = raw::exchange(
         w.gw.addr,
         format!(

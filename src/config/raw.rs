@@ -315,6 +315,8 @@ pub struct RawProxy {
     /// Client CIDRs admitted (after a trusted PROXY header); empty: everyone.
     pub allowed_clients: Vec<String>,
     pub trusted_proxies: Vec<String>,
+    /// Names clients reach the gateway by (`gateway`, a Kubernetes service name).
+    pub names: Vec<String>,
 }
 
 pub fn default_listen() -> String {
@@ -347,6 +349,7 @@ impl Default for RawProxy {
             tls_client_cn_is_sandbox: false,
             allowed_clients: Vec::new(),
             trusted_proxies: Vec::new(),
+            names: Vec::new(),
         }
     }
 }

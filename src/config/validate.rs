@@ -115,6 +115,10 @@ pub struct ProxyConfig {
     pub allowed_clients: Vec<IpNet>,
     /// Peers whose PROXY protocol headers are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// Names clients reach the gateway by (normalised): an absolute-form request for
+    /// a route or git URL at one of them, on a port the gateway listens on, is served
+    /// as that route (a client with `HTTP_PROXY` set sends it so).
+    pub names: Vec<String>,
 }
 
 /// Whether connections on the proxy port start with a PROXY protocol header.
@@ -260,6 +264,12 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
     for (i, c) in p.allowed_clients.iter().enumerate() {
         allowed_clients.push(parse_net(c).map_err(|m| err(&format!("proxy.allowed_clients[{i}]"), &m))?);
     }
+    let mut names = Vec::new();
+    for (i, n) in p.names.iter().enumerate() {
+        let name = crate::addr::normalize_hostname(n)
+            .map_err(|e| err(&format!("proxy.names[{i}]"), &format!("expected a hostname, got {n:?}: {e}")))?;
+        names.push(name);
+    }
     let proxy = ProxyConfig {
         listen,
         header_read_timeout: p.header_read_timeout,
@@ -291,6 +301,7 @@ pub fn validate(raw: RawConfig, file: &DisplayPath, base_dir: &Path) -> Result<C
         allowed_clients,
         tls,
         trusted_proxies,
+        names,
     };
 
     let format = match raw.log.format.as_str() {
