@@ -234,16 +234,14 @@ fn is_numeric_label(label: &str) -> bool {
     }
 }
 
-/// The address a per-client limit counts by: an IPv4 address (an IPv4-mapped IPv6
-/// one as its IPv4), an IPv6 address's /64. One host is handed a whole /64 and may
-/// send from any address in it, so counting each would multiply its share.
+/// The address a per-client limit counts by: an IPv4-mapped IPv6 address as its IPv4
+/// (one client, reached over a dual-stack socket, is not two). IPv6 addresses count
+/// one by one: sandboxes on one node often share a /64, and keying by it would let
+/// one of them spend its neighbours' shares.
 pub fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        },
     }
 }
 
@@ -251,12 +249,10 @@ pub fn client_key(ip: IpAddr) -> IpAddr {
 mod tests {
 
     #[test]
-    fn clients_count_by_ipv4_address_or_ipv6_64() {
+    fn clients_count_by_address_a_mapped_one_as_its_ipv4() {
         let key = |s: &str| client_key(s.parse().unwrap_or_else(|_| unreachable!()));
         assert_eq!(key("192.0.2.7"), key("::ffff:192.0.2.7"));
-        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:ffff:ffff:ffff:ffff"));
-        assert_eq!(key("2001:db8:1:2::1").to_string(), "2001:db8:1:2::");
-        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:2::2"), "neighbours in a /64 are apart");
         assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
     }
     use super::*;

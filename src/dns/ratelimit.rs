@@ -40,7 +40,7 @@ impl RateLimiter {
         if self.rate <= 0.0 {
             return true;
         }
-        // An IPv6 source counts by its /64: one host may send from any address in it.
+        // An IPv4-mapped source counts as its IPv4.
         let src = crate::addr::client_key(src);
         let Ok(mut buckets) = self.buckets.lock() else {
             return true;
@@ -128,9 +128,9 @@ mod tests {
         assert!(rl.allow(b, t0), "another source is unaffected");
         assert!(rl.allow(a, t0 + Duration::from_millis(150)), "refills at 10/s");
         assert!(RateLimiter::new(0, 0).allow(a, t0));
-        // An IPv6 host counts once for its /64.
-        let (v6a, v6b): (IpAddr, IpAddr) = ("2001:db8::1".parse().unwrap(), "2001:db8::ffff".parse().unwrap());
-        assert_eq!((0..20).filter(|i| rl.allow(if i % 2 == 0 { v6a } else { v6b }, t0)).count(), 5);
+        // A mapped source is its IPv4.
+        let (v4, mapped): (IpAddr, IpAddr) = ("127.0.0.9".parse().unwrap(), "::ffff:127.0.0.9".parse().unwrap());
+        assert_eq!((0..20).filter(|i| rl.allow(if i % 2 == 0 { v4 } else { mapped }, t0)).count(), 5);
     }
 
     #[test]
@@ -139,8 +139,7 @@ mod tests {
         let t0 = Instant::now();
         // A flood from as many addresses as the table holds, none of them idle yet.
         for i in 0..MAX_SOURCES as u32 {
-            // Each in its own /64 (one /64 is one source).
-            let src = IpAddr::from(std::net::Ipv6Addr::from((u128::from(i) + 1) << 64));
+            let src = IpAddr::from(std::net::Ipv6Addr::from(u128::from(i) + 1));
             assert!(rl.allow(src, t0 + Duration::from_micros(u64::from(i))));
         }
         let late = t0 + Duration::from_millis(100);

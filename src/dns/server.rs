@@ -224,7 +224,7 @@ async fn serve_tcp(
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        // An IPv6 client counts by its /64, as the rate limit does.
+        // An IPv4-mapped client counts as its IPv4, as the rate limit does.
         let Some(client_slot) = per_client.take(crate::addr::client_key(peer.ip()), limits.per_client) else {
             ::metrics::counter!(metrics::DNS_TCP_REFUSED).increment(1);
             continue; // dropped: closed at once

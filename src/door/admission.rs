@@ -1,4 +1,4 @@
-//! Fair shares per client address (an IPv6 client's /64: `addr::client_key`), before a connection has proved who it is: at most
+//! Fair shares per client address (`addr::client_key`), before a connection has proved who it is: at most
 //! `proxy.max_unauthenticated_per_client` connections from one address may be open
 //! without having authenticated (so idle sockets from one address cannot take all of
 //! `proxy.max_connections`), and at most `proxy.auth_failures_per_second` failed
@@ -251,13 +251,13 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv6_client_holds_one_share_for_its_64() {
+    fn a_mapped_address_holds_its_ipv4_share() {
         let a = Arc::new(Admission::new(1, 0));
         let ip = |s: &str| -> IpAddr { s.parse().unwrap_or_else(|_| unreachable!()) };
-        let first = a.admit(ip("2001:db8:0:1::1"));
+        let first = a.admit(ip("192.0.2.1"));
         assert!(first.is_some());
-        assert!(a.admit(ip("2001:db8:0:1::2")).is_none(), "another address in the same /64");
-        assert!(a.admit(ip("2001:db8:0:2::1")).is_some(), "another /64");
+        assert!(a.admit(ip("::ffff:192.0.2.1")).is_none(), "the same client over a dual-stack socket");
+        assert!(a.admit(ip("2001:db8::2")).is_some());
     }
 
     #[test]
