@@ -146,6 +146,10 @@ fn bad_tokens_are_refused_with_reasons() {
         assert_eq!(status(&resp), 407, "case {i}: {resp}");
         assert!(resp.contains(&format!("x-egress-deny-reason: {reason}")), "case {i}: {resp}");
         assert!(!resp.contains(token.as_str()), "token echoed");
+        // Which keys and algorithms exist is not told to a forged token (cases 1-3).
+        for secret in ["signature", "key id", "algorithm"] {
+            assert!(!resp.contains(secret), "case {i} tells the {secret}: {resp}");
+        }
     }
     assert_eq!(status(&get_via(&gw, &origin, "sbx-x", &good)), 200);
     assert!(origin.recorded().len() == 1);

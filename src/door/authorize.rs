@@ -10,6 +10,7 @@ use crate::access_log::AccessRecord;
 use crate::auth::{AuthError, Identity};
 use crate::policy::{self, Decision, DenyReason, Outcome, Subject};
 use crate::reload::State;
+use crate::tokens::TokenError;
 
 /// The hint of a request refused because its sandbox holds its share of connections.
 pub const SANDBOX_CONNECTIONS_HINT: &str = "this sandbox holds proxy.sandbox_max_connections open connections; \
@@ -65,9 +66,19 @@ pub fn identified(door: &Door, state: &State, conn: &ConnInfo, presented: Presen
         Err(e @ (AuthError::WrongNetwork | AuthError::WrongCertificate | AuthError::TooManyFailures)) => {
             Err(Refusal::new(e.reason(), e.to_string()))
         }
-        // A signed token's own fault (expired, revoked, not yet valid) is told: the
-        // holder gets nothing from it but the cause to fix.
-        Err(e @ AuthError::Token(_)) => Err(Refusal::new(e.reason(), format!("{e}; {AUTH_HINT}"))),
+        // A signed token whose signature holds is told what else is wrong with it
+        // (expired, revoked, not yet valid): its holder gets nothing from that but the
+        // cause to fix. Before the signature holds, nothing is told (which key ids and
+        // algorithms exist is no business of whoever sends a forged one).
+        Err(
+            e @ AuthError::Token(
+                TokenError::Expired
+                | TokenError::NotYetValid
+                | TokenError::TtlTooLong
+                | TokenError::WrongSubject
+                | TokenError::Revoked,
+            ),
+        ) => Err(Refusal::new(e.reason(), format!("{e}; {AUTH_HINT}"))),
         Err(e) => Err(Refusal::new(e.reason(), AUTH_HINT)),
     }
 }
