@@ -296,6 +296,15 @@ async fn decide_and_send(
             );
             return reject(&mut rec, DenyReason::SecretNotAllowed, &hint);
         }
+        // A host with values bound to it has its answers redacted over HTTPS only: over
+        // plain HTTP, an answer could carry a value an earlier request stored upstream.
+        if door.config.secrets.iter().any(|s| s.on_host(&target)) {
+            let hint = format!(
+                "secrets are bound to {target}, which is reached over HTTPS only (plain HTTP answers are not \
+                 redacted of their values)"
+            );
+            return reject(&mut rec, DenyReason::SecretNotAllowed, &hint);
+        }
     }
     // What a request rule judged must be all that reaches an inspected host.
     if inspected

@@ -406,10 +406,16 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
 #[test]
 fn plain_http_to_an_inspected_host_sends_on_only_what_was_judged() {
     let w = world();
-    let url = format!("http://inspect.test:{}/echo", w.origin.port());
+    // A host with secrets bound is reached over HTTPS only: a value stored upstream
+    // would come back unredacted in a plain HTTP answer.
+    let r = curl(&w, &w.gw_ca, &[], &format!("http://inspect.test:{}/echo", w.origin.port()));
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("reached over HTTPS only"), "{}", r.body);
+    // Another inspected host (no secrets bound) is judged request by request.
+    let url = format!("http://evil.test:{}/echo", w.origin.port());
     // A GET the rules allow, carrying a second request as its body: an upstream that
     // ignores a GET's body would read it as a request no rule judged.
-    let smuggled = "GET /echo/admin/users HTTP/1.1\r\nHost: inspect.test\r\n\r\n";
+    let smuggled = "GET /echo/admin/users HTTP/1.1\r\nHost: evil.test\r\n\r\n";
     let r = curl(&w, &w.gw_ca, &["-X", "GET", "--data-binary", smuggled], &url);
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.headers.contains("x-egress-deny-reason: bad_request"), "{}", r.headers);
