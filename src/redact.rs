@@ -83,6 +83,8 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
     }
     add(secret.to_ascii_uppercase());
     add(secret.to_ascii_lowercase());
+    // Read as a form (`+` is a space) and echoed back.
+    add(secret.replace('+', " "));
     forms
 }
 
@@ -137,12 +139,29 @@ pub fn any_glued(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && hay.windows(needle.len()).enumerate().any(|(at, w)| w == needle && opens_escape(&hay[..at]))
 }
 
-/// Whether `before` ends in an escape that the next characters could complete: `%`,
-/// `%h`, `%u` and up to three hex digits (URLs, IIS); `\` alone, `\u`/`\U`/`\x`
-/// with fewer hex digits than they take (`\x` takes any number), `\u{`/`\x{`, `\N{`,
-/// or up to two octal digits (JSON, JavaScript, Python, C, Java); `&#` and `&#x` with
-/// digits (HTML, which reads a reference without its `;`).
+/// Whether `before` ends in an escape that the next characters could complete
+/// ([`ends_in_escape`]), as written, percent-decoded once (`%25` is `%` to an upstream
+/// that decodes twice), or with `\u00XX` decoded (`\u005cu` is `\u` to one that reads
+/// JSON twice); or whether its last [`ESCAPE_LOOKBACK`] bytes are all characters an
+/// escape can run on with (`&#000000000000`: padding past what is looked at).
 pub fn opens_escape(before: &[u8]) -> bool {
+    let window = &before[before.len().saturating_sub(ESCAPE_LOOKBACK)..];
+    if window.len() == ESCAPE_LOOKBACK && window.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'{' | b'#')) {
+        return true;
+    }
+    let decoded = percent_decoded(window);
+    ends_in_escape(window)
+        || ends_in_escape(&decoded)
+        || ends_in_escape(&unicode_unescaped(window))
+        || ends_in_escape(&unicode_unescaped(&decoded))
+}
+
+/// Whether `before` ends in an unfinished escape: `%`, `%h`, `%u` and up to three hex
+/// digits (URLs, IIS); `\` alone or with up to five hex digits (CSS, octal), `\u`/`\U`
+/// with fewer hex digits than they take, `\x` with any (C), `\u{`/`\x{`, `\N{` (JSON,
+/// JavaScript, Python, C, Java); `&#`, `&#x` with digits, or `&` and letters (HTML,
+/// which reads a reference without its `;`).
+fn ends_in_escape(before: &[u8]) -> bool {
     let from = before.len().saturating_sub(ESCAPE_LOOKBACK);
     (from..before.len()).rev().any(|at| {
         let tail = &before[at + 1..];
@@ -160,17 +179,59 @@ pub fn opens_escape(before: &[u8]) -> bool {
                 [b'u', rest @ ..] => rest.len() < 4 && hex(rest),
                 [b'U', rest @ ..] => rest.len() < 8 && hex(rest),
                 [b'x' | b'X', rest @ ..] => hex(rest),
-                _ => tail.len() < 3 && tail.iter().all(|b| (b'0'..=b'7').contains(b)),
+                _ => tail.len() < 6 && hex(tail),
             },
             b'&' => match tail {
                 [b'#'] => true,
                 [b'#', b'x' | b'X', rest @ ..] => hex(rest),
                 [b'#', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-                _ => false,
+                _ => !tail.is_empty() && tail.iter().all(u8::is_ascii_alphabetic),
             },
             _ => false,
         }
     })
+}
+
+/// `bytes` with each `%XX` decoded once.
+fn percent_decoded(bytes: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) =
+                (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+/// `bytes` with each `\u00XX` (an ASCII character, as JSON writes one) decoded.
+fn unicode_unescaped(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = bytes
+            .get(i..i + 6)
+            .filter(|w| w.starts_with(b"\\u00"))
+            .and_then(|w| std::str::from_utf8(&w[4..]).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok())
+            .filter(u8::is_ascii);
+        if let Some(code) = code {
+            out.push(code);
+            i += 6;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -325,14 +386,46 @@ mod tests {
         let ph = b"EGRESS_SECRET_k";
         let glued = |before: &str| any_glued(format!("{before}EGRESS_SECRET_k").as_bytes(), ph);
         for open in [
-            "%", "%4", "%u", "%u3f", "\\", "\\u", "\\u3", "\\u3f9", "\\U0001", "\\x", "\\x4", "\\x41414", "\\u{",
-            "\\x{1", "\\N{", "\\1", "\\12", "&#", "&#x", "&#x3f", "&#12", "a=\\u",
+            "%",
+            "%4",
+            "%u",
+            "%u3f",
+            "\\",
+            "\\u",
+            "\\u3",
+            "\\u3f9",
+            "\\U0001",
+            "\\x",
+            "\\x4",
+            "\\x41414",
+            "\\u{",
+            "\\x{1",
+            "\\N{",
+            "\\1",
+            "\\12",
+            "&#",
+            "&#x",
+            "&#x3f",
+            "&#12",
+            "a=\\u",
+            "\\0000",
+            "\\a",
+            "\\123",
+            "&sup",
+            "&time",
+            "%25",
+            "%5Cu",
+            "\\u005cu",
+            "v=%5Cu3",
+            "&#000000000000",
+            "x&#0000000000",
         ] {
             assert!(glued(open), "{open:?}");
         }
-        for done in
-            ["", "x=", "%20", "%41", "%u3f9a", "\\u3f9a", "\\n", "\\\"", "\\123", "&amp;", "Bearer ", "\\N{DOT}"]
-        {
+        for done in [
+            "", "x=", "%20", "%41", "%u3f9a", "\\u3f9a", "\\n", "\\\"", "&amp;", "Bearer ", "\\N{DOT}", "key=abc",
+            "a&b=",
+        ] {
             assert!(!glued(done), "{done:?}");
         }
     }
@@ -392,6 +485,8 @@ mod tests {
             // Python's quote, in either case of hex; Go's PathEscape leaves all three raw.
             "sk/a%2Bb%3D",
             "sk/a%2bb%3d",
+            // A form body read back: `+` became a space.
+            "sk/a b=",
         ] {
             assert!(forms.iter().any(|f| f == form), "{form} in {forms:?}");
         }

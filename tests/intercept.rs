@@ -332,6 +332,13 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let expected_len = format!("key={SECRET}").len();
     assert!(r.body.contains(&format!("\"body_len\":{expected_len}")), "{}", r.body);
 
+    // Not inside a body under a content coding: what the gateway reads there is not
+    // what the upstream decodes.
+    let encoded = ["-H", "content-encoding: br", "--data", "key=EGRESS_SECRET_openai"];
+    let r = curl(&w, &w.gw_ca, &encoded, &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains(&format!("\"body_len\":{}", "key=EGRESS_SECRET_openai".len())), "{}", r.body);
+
     // In a body, a placeholder inside an unfinished JSON escape is refused: the
     // upstream would read `\u` and the value's first four characters as one.
     // (The body streams: the head may have gone, the body stops before the value.)

@@ -216,13 +216,23 @@ pub async fn handle(
         drain_rest(body.take(), door).await;
         return door::refuse(&mut rec, refusal, Entry::Identified);
     }
+    let encoded_body = parts
+        .headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"));
     let swapped = match secrets::swap(
         &mut parts,
         target,
         identity.policy.name(),
         &door.config.secrets,
         &state.secrets,
-        !wants_upgrade && (buffered.is_some() || body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b))),
+        // Not inside a body under a content coding: what the gateway would read there is
+        // not what the upstream decodes (an escape compressed before a placeholder
+        // stored in the clear would fold the value), so its placeholders stay text.
+        !wants_upgrade
+            && !encoded_body
+            && (buffered.is_some() || body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b))),
     ) {
         Ok(s) => s,
         Err(m) => {
