@@ -233,13 +233,7 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
     // redactor; `accept-encoding` is replaced by `identity`. Method and URL override
     // headers would let an upstream that honours them run another method or path
     // than the one the route's rules judged, with the gateway's key.
-    let drop: [&str; 20] = [
-        "x-http-method-override",
-        "x-http-method",
-        "x-method-override",
-        "x-original-url",
-        "x-rewrite-url",
-        "x-original-method",
+    let drop: [&str; 14] = [
         "host",
         "range",
         "if-range",
@@ -263,6 +257,7 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
             std::borrow::Cow::Borrowed(k.as_str())
         };
         if drop.contains(&name.as_ref())
+            || crate::door::headers::OVERRIDE_FIELDS.contains(&name.as_ref())
             || name == route.header.as_str()
             || crate::door::headers::never_forwarded(from, k.as_str())
         {

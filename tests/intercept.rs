@@ -427,6 +427,12 @@ fn plain_http_to_an_inspected_host_sends_on_only_what_was_judged() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.headers.contains("x-egress-deny-reason: bad_request"), "{}", r.headers);
     assert!(r.body.contains("GET or HEAD request with a body"), "{}", r.body);
+    // A method or URL override would have the upstream run what no rule judged.
+    for field in ["X-HTTP-Method-Override: DELETE", "x_original_url: /echo/admin/users"] {
+        let r = curl(&w, &w.gw_ca, &["-H", field], &url);
+        assert_eq!(r.status, 400, "{field}: {}", r.body);
+        assert!(r.body.contains("override field"), "{}", r.body);
+    }
     // An upgrade to h2c would be a pipe no rule judges.
     let h2c = [
         "-H",

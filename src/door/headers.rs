@@ -51,11 +51,28 @@ pub fn unjudged_framing(method: &http::Method, h: &HeaderMap, has_body: bool) ->
     if is_upgrade(h) && !is_websocket_upgrade(h) {
         return Some("only WebSocket upgrades are relayed to an inspected host");
     }
+    if h.keys().any(|k| OVERRIDE_FIELDS.iter().any(|o| same_field(k.as_str().as_bytes(), o.as_bytes()))) {
+        return Some(
+            "a method or URL override field (X-HTTP-Method-Override, X-Original-URL...) is not sent to an \
+             inspected host: an upstream that honours it would run what no rule judged",
+        );
+    }
     if matches!(*method, http::Method::GET | http::Method::HEAD) && has_body {
         return Some("a GET or HEAD request with a body is not sent on: upstreams disagree on its framing");
     }
     None
 }
+
+/// Fields with which some upstreams run another method or path than the request
+/// line's: never sent where the gateway judged the request line.
+pub const OVERRIDE_FIELDS: [&str; 6] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-method",
+];
 
 pub fn is_upgrade(h: &HeaderMap) -> bool {
     h.contains_key(header::UPGRADE) && connection_tokens(h).any(|t| t.eq_ignore_ascii_case(b"upgrade"))

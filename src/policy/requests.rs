@@ -163,9 +163,11 @@ impl RequestRule {
                         let t = s.trim_end_matches('/');
                         (t.len() != s.len() && !t.is_empty()).then(|| t.to_string())
                     };
+                    let bare = trimmed(&folded).unwrap_or_else(|| folded.clone());
                     p.is_match(&folded)
                         || trimmed(r.path).is_some_and(|t| p.is_match(&t))
-                        || trimmed(&folded).is_some_and(|t| p.is_match(&t))
+                        || p.is_match(&bare)
+                        || without_suffix(&bare).is_some_and(|t| p.is_match(&t))
                 })
         };
         self.host.matches(r.host)
@@ -192,10 +194,15 @@ impl RequestRule {
     }
 }
 
-/// A query name as array-taking frameworks read it: `ref[]` and ` ref` are `ref`.
+/// A query name as array-taking frameworks read it: `ref[]`, `ref[0]` and ` ref` are
+/// `ref`.
 fn query_name(k: &str) -> &str {
     let k = k.trim_matches(|c: char| c.is_whitespace() || c == '\0');
-    k.strip_suffix("[]").unwrap_or(k)
+    // `ref[]`, `ref[0]`, `ref[x]`: an array or map named `ref` to PHP, Rack and qs.
+    match k.split_once('[') {
+        Some((name, rest)) if rest.ends_with(']') && !name.is_empty() => name,
+        _ => k,
+    }
 }
 
 /// Header names alike, `_` and `-` taken as one (both are lower case here).
@@ -208,13 +215,27 @@ fn same_name(a: &str, b: &str) -> bool {
 /// comparisons take `ſ` for `s`, `ı` for `i`, the Kelvin sign for `k`), folded.
 fn fold_lookalikes(path: &str) -> String {
     path.chars()
+        // Invisible: zero-width space, joiners, word joiner, byte order mark.
+        .filter(|c| !matches!(c, '\u{200b}'..='\u{200d}' | '\u{2060}' | '\u{feff}'))
         .map(|c| match c {
             '\u{17f}' => 's',
             '\u{131}' => 'i',
             '\u{212a}' => 'k',
+            // Fullwidth forms, which NFKC makes ASCII.
+            '\u{ff01}'..='\u{ff5e}' => char::from_u32(c as u32 - 0xfee0).unwrap_or(c),
             c => c,
         })
         .collect()
+}
+
+/// `path` without what some servers strip from its last segment before routing: a
+/// format extension (`/secret.json` is `/secret` to Rails) or an NTFS stream
+/// (`::$DATA`). `None` when there is none.
+fn without_suffix(path: &str) -> Option<String> {
+    let (dir, last) = path.rsplit_once('/')?;
+    let stem = last.split_once("::").map_or(last, |(s, _)| s);
+    let stem = stem.rsplit_once('.').map_or(stem, |(s, _)| s);
+    (stem.len() != last.len() && !stem.is_empty()).then(|| format!("{dir}/{stem}"))
 }
 
 fn http_token(s: &str) -> bool {
@@ -231,6 +252,10 @@ pub fn normalize_path(path: &str) -> Result<String, &'static str> {
     let lower = path.to_ascii_lowercase();
     if lower.contains("%2f") || lower.contains("%5c") {
         return Err("an encoded / or \\ in the path is not allowed");
+    }
+    // IIS reads `%u0073` as `s`: a path so encoded is not judged.
+    if lower.as_bytes().windows(6).any(|w| w.starts_with(b"%u") && w[2..].iter().all(u8::is_ascii_hexdigit)) {
+        return Err("a %u-encoded path is not allowed");
     }
     if super::route::is_traversal(path) || path.split('/').any(|s| s == ".") {
         return Err("path traversal is not allowed");
@@ -379,7 +404,17 @@ mod tests {
         let deny = RequestRule::compile(&spec, 0).unwrap();
         let allow = RequestRule::compile(&RequestSpec { action: "allow", ..spec.clone() }, 1).unwrap();
         let h = Host::Name("a.test".into());
-        for path in ["/echo/secret/", "/echo/\u{17f}ecret", "/adm\u{131}n/x", "/echo/secret//"] {
+        for path in [
+            "/echo/secret/",
+            "/echo/\u{17f}ecret",
+            "/adm\u{131}n/x",
+            "/echo/secret//",
+            "/echo/secret.json",
+            "/echo/secret::$DATA",
+            "/echo/\u{ff53}ecret",
+            "/echo/secret\u{200b}",
+            "/echo/SECRET\u{ff0f}",
+        ] {
             assert!(deny.matches(&view(&h, "GET", path)), "{path}");
         }
         assert!(!allow.matches(&view(&h, "GET", "/echo/secret/")), "an allow rule stays exact");
@@ -394,9 +429,17 @@ mod tests {
         };
         let deny = RequestRule::compile(&q, 2).unwrap();
         let danger = vec![("x_danger".to_string(), "1".to_string())];
-        for query in
-            ["x=1;ref=main", "ref[]=main", "ref%5B%5D=main", "%20ref=main", "ref=main%20", "ref=main+", "ref=main%00"]
-        {
+        for query in [
+            "x=1;ref=main",
+            "ref[]=main",
+            "ref%5B%5D=main",
+            "ref[0]=main",
+            "ref[x]=main",
+            "%20ref=main",
+            "ref=main%20",
+            "ref=main+",
+            "ref=main%00",
+        ] {
             let v = RequestView { host: &h, method: "GET", path: "/", query: Some(query), headers: &danger };
             assert!(deny.matches(&v), "{query}");
         }
@@ -417,6 +460,7 @@ mod tests {
             "relative",
             "/%c0%ae%c0%ae/",
             "/a;x/b",
+            "/echo/%u0073ecret",
             "/a%00/b",
             "/a%2561",
             "/admin./x",
