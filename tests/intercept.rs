@@ -951,6 +951,16 @@ policy = "a"
             "git_write_denied",
         ),
         ("GET", "/api/graphql?query=%7B+viewer+%7B+login+%7D+%7D", "", 200, "\"method\":\"GET\""),
+        // A ref named in the query is judged too (Rails merges it with the body's);
+        // the singular git/ref path is judged as the plural.
+        (
+            "PUT",
+            "/api/v3/repos/acme/widgets/contents/a.txt?branch=main",
+            r#"{"branch":"agent/x"}"#,
+            403,
+            "git_ref_denied",
+        ),
+        ("DELETE", "/api/v3/repos/acme/widgets/git/ref/heads/main", "", 403, "git_ref_denied"),
         // A body that names its ref must parse: a lone surrogate would hide the tag.
         ("PATCH", "/api/v3/repos/acme/widgets/releases/1", r#"{"tag_name":"v9","x":"\ud800"}"#, 400, "bad_request"),
         ("POST", "/api/v3/repos/acme/widgets/git/refs", "/**/{\"ref\":\"refs/heads/main\"}", 400, "bad_request"),

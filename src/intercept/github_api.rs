@@ -215,9 +215,11 @@ pub fn write_of(method: &str, path: &str) -> Option<ApiWrite> {
     let repo_name = format!("{owner}/{repo}");
     let body = |field, prefix| RefAt::Body { field, prefix, optional: false };
     let at = match (method.as_str(), tail.as_str()) {
-        ("PATCH" | "DELETE", t) if t.starts_with("git/refs/") => {
-            // The ref keeps its case: taken from the path as written (same length).
-            let name = tail_raw.get("git/refs/".len()..).unwrap_or_default();
+        ("PATCH" | "DELETE", t) if t.starts_with("git/refs/") || t.starts_with("git/ref/") => {
+            // The ref keeps its case: taken from the path as written (same length). The
+            // singular `git/ref/` is GitHub's read path, judged alike should it write.
+            let skip = if t.starts_with("git/refs/") { "git/refs/".len() } else { "git/ref/".len() };
+            let name = tail_raw.get(skip..).unwrap_or_default();
             RefAt::Path { name: format!("refs/{name}"), delete: method == "DELETE" }
         }
         (_, t) if t.starts_with("git/refs") => body("ref", ""),

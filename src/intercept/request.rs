@@ -171,7 +171,18 @@ pub async fn handle(
         } else {
             None
         };
-        for subject in super::github_api::subjects(write, json.as_ref()) {
+        let mut subjects = super::github_api::subjects(write, json.as_ref());
+        // Rails merges the query's parameters with the body's: a ref named there is
+        // judged too.
+        if let super::github_api::RefAt::Body { field, .. } = &write.at {
+            for (k, v) in policy::requests::query_pairs(parts.uri.query()) {
+                if k == *field {
+                    let named = serde_json::json!({ *field: v });
+                    subjects.extend(super::github_api::subjects(write, Some(&named)));
+                }
+            }
+        }
+        for subject in subjects {
             let d = policy::decide(&identity.policy, &subject, identity.repos.as_deref());
             if let Some(reason) = d.reason() {
                 rec.sandbox = Some(identity.sandbox.clone());
