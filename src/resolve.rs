@@ -50,7 +50,15 @@ impl DialError {
             }
             DialError::ResolveFailed(why) if why.contains("timed out") => "resolution timed out".into(),
             DialError::ResolveFailed(_) => "the name does not resolve to an address".into(),
-            DialError::Unreachable(_) | DialError::Timeout => self.to_string(),
+            // A TLS failure's text can name what the upstream's certificate covers.
+            DialError::Unreachable(e) => match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                Some(rustls::Error::InvalidCertificate(_)) => {
+                    "the upstream's certificate is not trusted or not valid for this name".into()
+                }
+                Some(_) => "the TLS handshake with the upstream failed".into(),
+                None => self.to_string(),
+            },
+            DialError::Timeout => self.to_string(),
         }
     }
 
@@ -474,5 +482,8 @@ mod tests {
         assert!(hint.contains("10.0.0.0/8") && !hint.contains("10.0.0.1"), "{hint}");
         let failed = DialError::ResolveFailed("no records found for Query { name: Name(\"db.corp.\") }".into());
         assert_eq!(failed.client_hint(), "the name does not resolve to an address");
+        let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        let unreachable = DialError::Unreachable(io::Error::new(io::ErrorKind::InvalidData, tls));
+        assert_eq!(unreachable.client_hint(), "the upstream's certificate is not trusted or not valid for this name");
     }
 }
