@@ -298,7 +298,8 @@ async fn decide_and_send(
         }
         // A host with values bound to it has its answers redacted over HTTPS only: over
         // plain HTTP, an answer could carry a value an earlier request stored upstream.
-        if door.config.secrets.iter().any(|s| s.on_host(&target)) {
+        // On any port: a value stored through port 443 is read back through port 80.
+        if door.config.secrets.iter().any(|s| s.on_host_name(&target.host)) {
             let hint = format!(
                 "secrets are bound to {target}, which is reached over HTTPS only (plain HTTP answers are not \
                  redacted of their values)"

@@ -164,7 +164,31 @@ impl Policy {
         let Ok(decoded) = requests::normalize_path(raw_path) else {
             return Decision { verdict: Verdict::Deny { reason: DenyReason::BadRequest, rule: None }, report_only };
         };
-        let view = requests::RequestView { host, method, path: &decoded, query, headers };
+        // A method named in the query (`_method=DELETE`, which Rails, Laravel and
+        // Symfony run for a POST) is judged as well as the request line's: the request
+        // is allowed only as both.
+        for (k, m) in requests::query_pairs(query) {
+            if k.trim().eq_ignore_ascii_case("_method") && !m.eq_ignore_ascii_case(method) {
+                let d = self.decide_method(host, &m, &decoded, query, headers);
+                if d.reason().is_some() {
+                    return Decision { verdict: d.verdict, report_only };
+                }
+            }
+        }
+        self.decide_method(host, method, &decoded, query, headers)
+    }
+
+    /// [`Policy::decide_request`] for one method, on the decoded path.
+    fn decide_method(
+        &self,
+        host: &Host,
+        method: &str,
+        decoded: &str,
+        query: Option<&str>,
+        headers: &[(String, String)],
+    ) -> Decision<'_> {
+        let report_only = self.mode == Mode::Report;
+        let view = requests::RequestView { host, method, path: decoded, query, headers };
         let mut allowed = None;
         for r in self.requests.iter().filter(|r| r.matches(&view)) {
             let Some(rule) = self.rules.get(r.rule) else { continue };

@@ -178,6 +178,15 @@ async fn own_url(
         if let Some(c) = challenge {
             resp.headers_mut().insert(http::header::PROXY_AUTHENTICATE, c);
         }
+        // The status line's explanation keeps its words, under the new status's name.
+        let phrase = resp.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
+        if let Some(p) = phrase.and_then(|p| p.as_bytes().strip_prefix(b"Unauthorized").map(<[u8]>::to_vec)) {
+            let mut renamed = b"Proxy Authentication Required".to_vec();
+            renamed.extend_from_slice(&p);
+            if let Ok(p) = hyper::ext::ReasonPhrase::try_from(renamed) {
+                resp.extensions_mut().insert(p);
+            }
+        }
     }
     resp
 }

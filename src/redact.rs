@@ -146,6 +146,11 @@ pub fn any_glued(hay: &[u8], needle: &[u8]) -> bool {
 /// escape can run on with (`&#000000000000`: padding past what is looked at).
 pub fn opens_escape(before: &[u8]) -> bool {
     let window = &before[before.len().saturating_sub(ESCAPE_LOOKBACK)..];
+    // A byte that is not ASCII right before (a Shift_JIS or GBK lead byte folds the
+    // next character into one), or a NUL near (UTF-16 text, which JSON readers detect).
+    if window.last().is_some_and(|b| !b.is_ascii()) || window.contains(&0) {
+        return true;
+    }
     if window.len() == ESCAPE_LOOKBACK && window.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'{' | b'#')) {
         return true;
     }
@@ -412,6 +417,8 @@ mod tests {
             "\\a",
             "\\123",
             "&sup",
+            "v=\u{82}",
+            "{\0\"\0v\0\"\0",
             "&time",
             "%25",
             "%5Cu",

@@ -204,6 +204,8 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
     for (args, path, rule) in [
         (vec!["-X", "DELETE"], "/echo", None),
         (vec!["-X", "delete"], "/echo", None),
+        // A POST that asks to be run as a DELETE is judged as one too.
+        (vec!["-X", "POST"], "/echo?_method=DELETE", None),
         (vec!["-X", "get"], "/Echo/Admin/users", Some("deny * inspect.test/echo/admin/**")),
         (vec![], "/echo/admin", Some("deny * inspect.test/echo/admin/**")),
         (vec![], "/echo/admin/users", Some("deny * inspect.test/echo/admin/**")),

@@ -114,6 +114,7 @@ fn a_client_with_http_proxy_set_reaches_the_gateways_own_route_url() {
     let own = format!("http://{}/routes/api/echo", w.gw.addr);
     let resp = raw::request(w.gw.addr, format!("GET {own} HTTP/1.1\r\nHost: x\r\n\r\n"));
     assert_eq!(status(&resp), 407, "{resp}");
+    assert!(resp.starts_with("HTTP/1.1 407 Proxy Authentication Required (auth_required"), "{resp}");
     assert!(resp.to_ascii_lowercase().contains("proxy-authenticate: basic"), "{resp}");
 }
 

@@ -65,13 +65,17 @@ pub fn unjudged_framing(method: &http::Method, h: &HeaderMap, has_body: bool) ->
 
 /// Fields with which some upstreams run another method or path than the request
 /// line's: never sent where the gateway judged the request line.
-pub const OVERRIDE_FIELDS: [&str; 6] = [
+pub const OVERRIDE_FIELDS: [&str; 10] = [
     "x-http-method-override",
     "x-http-method",
     "x-method-override",
     "x-original-url",
     "x-rewrite-url",
     "x-original-method",
+    "x-original-uri",
+    "x-forwarded-uri",
+    "x-forwarded-prefix",
+    "x-envoy-original-path",
 ];
 
 pub fn is_upgrade(h: &HeaderMap) -> bool {

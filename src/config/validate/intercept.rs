@@ -50,6 +50,11 @@ impl SecretConfig {
         self.on_host(target) && (self.policies.is_empty() || self.policies.iter().any(|p| p == policy))
     }
 
+    /// Whether this secret is bound to `host` on any port.
+    pub fn on_host_name(&self, host: &crate::addr::Host) -> bool {
+        self.hosts.iter().any(|(p, _)| p.matches(host))
+    }
+
     /// Whether this secret is bound to `target` for any policy: its value is then
     /// redacted from every answer `target` gives, whoever asked.
     pub fn on_host(&self, target: &crate::addr::Target) -> bool {
