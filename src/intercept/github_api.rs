@@ -110,25 +110,8 @@ pub fn graphql_write(body: &[u8]) -> Option<&'static str> {
 /// (`GET /graphql?query=mutation…`): the query string read form-decoded (`+` is a
 /// space, `%XX` a byte), then as a body is.
 pub fn graphql_query_write(query: &str) -> Option<&'static str> {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let bytes = query.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if let (Some(h), Some(l)) =
-                (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) =>
-            {
-                decoded.push(h << 4 | l);
-                i += 3;
-                continue;
-            }
-            b'+' => decoded.push(b' '),
-            b => decoded.push(b),
-        }
-        i += 1;
-    }
-    graphql_write(query.as_bytes()).or_else(|| graphql_write(&decoded))
+    graphql_write(query.as_bytes())
+        .or_else(|| graphql_write(&crate::policy::requests::percent_decode(query.as_bytes(), true)))
 }
 
 /// The first of [`REF_MUTATIONS`] that `text` has as a word (GraphQL names are ASCII

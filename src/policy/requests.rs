@@ -260,8 +260,8 @@ pub fn normalize_path(path: &str) -> Result<String, &'static str> {
     if super::route::is_traversal(path) || path.split('/').any(|s| s == ".") {
         return Err("path traversal is not allowed");
     }
-    let decoded =
-        String::from_utf8(decode(path.as_bytes(), false)).map_err(|_| "the path is not valid UTF-8 once decoded")?;
+    let decoded = String::from_utf8(percent_decode(path.as_bytes(), false))
+        .map_err(|_| "the path is not valid UTF-8 once decoded")?;
     if decoded.bytes().any(|b| b < 0x20 || b == 0x7f || b == b';') {
         return Err("control characters and ; parameters are not allowed in the path");
     }
@@ -287,12 +287,13 @@ pub fn normalize_path(path: &str) -> Result<String, &'static str> {
 pub fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (String, String)> + '_ {
     query.unwrap_or("").split(['&', ';']).filter(|p| !p.is_empty()).map(|p| {
         let (k, v) = p.split_once('=').unwrap_or((p, ""));
-        let d = |s: &str| String::from_utf8_lossy(&decode(s.as_bytes(), true)).into_owned();
+        let d = |s: &str| String::from_utf8_lossy(&percent_decode(s.as_bytes(), true)).into_owned();
         (d(k), d(v))
     })
 }
 
-fn decode(s: &[u8], plus: bool) -> Vec<u8> {
+/// `s` with each `%XX` decoded once, and `+` as a space when `plus` (a form).
+pub fn percent_decode(s: &[u8], plus: bool) -> Vec<u8> {
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
     let mut out = Vec::with_capacity(s.len());
     let mut i = 0;

@@ -39,7 +39,7 @@ pub fn is_traversal(path: &str) -> bool {
         if contains(&current, b"..") || contains(&current, b"//") || current.contains(&b'\\') {
             return true;
         }
-        let decoded = percent_decode(&current);
+        let decoded = super::requests::percent_decode(&current, false);
         if std::str::from_utf8(&decoded).is_err() {
             return true;
         }
@@ -54,22 +54,4 @@ pub fn is_traversal(path: &str) -> bool {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
-}
-
-fn percent_decode(s: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'%'
-            && let (Some(h), Some(l)) = (s.get(i + 1).copied().and_then(hex), s.get(i + 2).copied().and_then(hex))
-        {
-            out.push(h << 4 | l);
-            i += 3;
-            continue;
-        }
-        out.push(s[i]);
-        i += 1;
-    }
-    out
 }
