@@ -164,8 +164,8 @@ pub fn opens_escape(before: &[u8]) -> bool {
 /// Whether `before` ends in an unfinished escape: `%`, `%h`, `%u` and up to three hex
 /// digits (URLs, IIS); `\` alone or with up to five hex digits (CSS, octal), `\u`/`\U`
 /// with fewer hex digits than they take, `\x` with any (C), `\u{`/`\x{`, `\N{` (JSON,
-/// JavaScript, Python, C, Java); `&#`, `&#x` with digits, or `&` and letters (HTML,
-/// which reads a reference without its `;`).
+/// JavaScript, Python, C, Java); `&#`, `&#x` with digits, or `&` alone or with letters
+/// (HTML, which reads a reference without its `;`).
 fn ends_in_escape(before: &[u8]) -> bool {
     let from = before.len().saturating_sub(ESCAPE_LOOKBACK);
     (from..before.len()).rev().any(|at| {
@@ -190,7 +190,9 @@ fn ends_in_escape(before: &[u8]) -> bool {
                 [b'#'] => true,
                 [b'#', b'x' | b'X', rest @ ..] => hex(rest),
                 [b'#', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-                _ => !tail.is_empty() && tail.iter().all(u8::is_ascii_alphabetic),
+                // `&` and letters, or `&` alone: the value's own first letters could
+                // spell a reference (`lt`, `not`, `amp`).
+                _ => tail.iter().all(u8::is_ascii_alphabetic),
             },
             _ => false,
         }
@@ -417,6 +419,7 @@ mod tests {
             "\\a",
             "\\123",
             "&sup",
+            "a&",
             "v=\u{82}",
             "{\0\"\0v\0\"\0",
             "&time",
