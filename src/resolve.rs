@@ -42,6 +42,10 @@ impl DialError {
     pub fn client_hint(&self) -> String {
         tracing::debug!(error = %self, "dial refused");
         match self {
+            // A range of one address would name it: said without it.
+            DialError::AddressDenied(d) if d.net.prefix_len() == d.net.max_prefix_len() => {
+                "every address the name resolves to is denied (egress.deny)".into()
+            }
             DialError::AddressDenied(d) => {
                 format!("every address the name resolves to is in a denied range ({})", d.net)
             }
@@ -480,6 +484,9 @@ mod tests {
         // The client learns the range, not what the resolver answered.
         let hint = e.client_hint();
         assert!(hint.contains("10.0.0.0/8") && !hint.contains("10.0.0.1"), "{hint}");
+        let one = EgressFilter::new(vec!["203.0.113.7/32".parse().unwrap()], vec![]);
+        let hint = vet_all(&one, &["203.0.113.7".parse().unwrap()], 443).unwrap_err().client_hint();
+        assert!(!hint.contains("203.0.113.7"), "{hint}");
         let failed = DialError::ResolveFailed("no records found for Query { name: Name(\"db.corp.\") }".into());
         assert_eq!(failed.client_hint(), "the name does not resolve to an address");
         let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);

@@ -215,8 +215,16 @@ fn same_name(a: &str, b: &str) -> bool {
 /// comparisons take `ſ` for `s`, `ı` for `i`, the Kelvin sign for `k`), folded.
 fn fold_lookalikes(path: &str) -> String {
     path.chars()
-        // Invisible: zero-width space, joiners, word joiner, byte order mark.
-        .filter(|c| !matches!(c, '\u{200b}'..='\u{200d}' | '\u{2060}' | '\u{feff}'))
+        // Invisible (Unicode's default-ignorable code points): soft hyphen, combining
+        // grapheme joiner, zero-width and direction marks, word joiner and invisible
+        // operators, variation selectors, byte order mark, tags.
+        .filter(|c| {
+            !matches!(c,
+                '\u{ad}' | '\u{34f}' | '\u{61c}' | '\u{115f}' | '\u{1160}' | '\u{17b4}' | '\u{17b5}'
+                | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}' | '\u{3164}' | '\u{fe00}'..='\u{fe0f}' | '\u{feff}' | '\u{ffa0}'
+                | '\u{1d173}'..='\u{1d17a}' | '\u{e0000}'..='\u{e0fff}')
+        })
         .map(|c| match c {
             '\u{17f}' => 's',
             '\u{131}' => 'i',
@@ -414,6 +422,8 @@ mod tests {
             "/echo/secret::$DATA",
             "/echo/\u{ff53}ecret",
             "/echo/secret\u{200b}",
+            "/echo/se\u{ad}cret",
+            "/echo/secret\u{fe0f}",
             "/echo/SECRET\u{ff0f}",
         ] {
             assert!(deny.matches(&view(&h, "GET", path)), "{path}");
