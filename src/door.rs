@@ -213,6 +213,11 @@ pub enum Entry {
     /// Origin-form on the gateway itself (git, API routes): credentials may also come
     /// in `Authorization` (after a `401` challenge) or an API key header.
     Origin,
+    /// An origin-form request sent to the proxy in absolute form for the gateway's own
+    /// address (a client with `HTTP_PROXY` set): read as [`Entry::Origin`], challenged
+    /// as a proxy challenges (`407`, which git waits for before it sends its proxy
+    /// credential).
+    OwnUrl,
     /// A request whose sandbox the connection established (a transparent listener's
     /// source address, an inspected connection's CONNECT): no credential can be asked
     /// of it, so a credentials refusal is `403`, without a challenge.

@@ -150,7 +150,7 @@ pub async fn first_request(
 /// An absolute-form request for the gateway's own route or git URL
 /// (`GET http://gateway:4002/routes/...`), which a client with `HTTP_PROXY` set sends
 /// to the gateway as a proxy: served as the origin-form request it would have sent
-/// without one. It came to a proxy, so a missing credential is asked for with `407`.
+/// without one ([`Entry::OwnUrl`]).
 async fn own_url(
     mut req: Request<Incoming>,
     conn: &ConnInfo,
@@ -162,33 +162,11 @@ async fn own_url(
     if let Some(uri) = origin_form {
         *req.uri_mut() = uri;
     }
-    let asked = req.headers().contains_key(http::header::AUTHORIZATION);
-    let mut resp = if req.uri().path().starts_with("/routes/") {
-        crate::routes::handle(req, conn, door, &shared.routes, state, Entry::Origin).await
+    if req.uri().path().starts_with("/routes/") {
+        crate::routes::handle(req, conn, door, &shared.routes, state, Entry::OwnUrl).await
     } else {
-        crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Origin).await
-    };
-    // The gateway's own challenge only (an upstream's 401 is the upstream's answer).
-    if !asked
-        && resp.status() == http::StatusCode::UNAUTHORIZED
-        && resp.headers().contains_key(crate::door::respond::DENY_REASON_HEADER)
-    {
-        *resp.status_mut() = http::StatusCode::PROXY_AUTHENTICATION_REQUIRED;
-        let challenge = resp.headers_mut().remove(http::header::WWW_AUTHENTICATE);
-        if let Some(c) = challenge {
-            resp.headers_mut().insert(http::header::PROXY_AUTHENTICATE, c);
-        }
-        // The status line's explanation keeps its words, under the new status's name.
-        let phrase = resp.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
-        if let Some(p) = phrase.and_then(|p| p.as_bytes().strip_prefix(b"Unauthorized").map(<[u8]>::to_vec)) {
-            let mut renamed = b"Proxy Authentication Required".to_vec();
-            renamed.extend_from_slice(&p);
-            if let Ok(p) = hyper::ext::ReasonPhrase::try_from(renamed) {
-                resp.extensions_mut().insert(p);
-            }
-        }
+        crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::OwnUrl).await
     }
-    resp
 }
 
 /// Entry point for every request on the proxy port: chooses the handler.

@@ -101,7 +101,7 @@ async fn route(
 
     // Which route, and which upstream path.
     let (candidates, upstream_path): (Vec<&RouteConfig>, String) = match entry {
-        Entry::Origin => match match_origin(routes, req.uri().path()) {
+        Entry::Origin | Entry::OwnUrl => match match_origin(routes, req.uri().path()) {
             Some((r, tail)) => {
                 let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
                 (vec![r], format!("{tail}{query}"))

@@ -82,7 +82,7 @@ async fn route_git(
     );
     let path = req.uri().path();
     let path = match entry {
-        Entry::Origin => path.strip_prefix(&format!("/{}", gh.web_host)).unwrap_or(path),
+        Entry::Origin | Entry::OwnUrl => path.strip_prefix(&format!("/{}", gh.web_host)).unwrap_or(path),
         Entry::Absolute | Entry::Identified => path,
     };
     let git = match path::parse(&method, path, req.uri().query()) {
