@@ -190,28 +190,28 @@ impl AccessRecord {
     /// the JSON formatter, written without tracing's per-field dispatch (the access log
     /// is one line per request).
     fn write_json_fields(&self, w: &mut String, duration_ms: u64) -> std::fmt::Result {
-        use crate::telemetry::json::{field_socket_addr, field_str, field_u64};
-        let opt = |w: &mut String, k: &str, v: Option<&str>| v.map_or(Ok(()), |v| field_str(w, k, v));
-        opt(w, "sandbox", self.sandbox.as_deref())?;
-        field_str(w, "kind", self.kind.as_str())?;
-        opt(w, "method", non_empty(&self.method))?;
-        opt(w, "target", non_empty(&self.target))?;
-        field_str(w, "decision", self.decision.as_str())?;
-        opt(w, "reason", self.reason)?;
-        opt(w, "rule", self.rule.as_deref())?;
-        opt(w, "policy", self.policy.as_deref())?;
-        field_u64(w, "policy_generation", self.policy_generation)?;
+        use crate::telemetry::json::{Key, field_socket_addr, field_str, field_u64, json_key as key};
+        let opt = |w: &mut String, k: Key, v: Option<&str>| v.map_or(Ok(()), |v| field_str(w, k, v));
+        opt(w, key!("sandbox"), self.sandbox.as_deref())?;
+        field_str(w, key!("kind"), self.kind.as_str())?;
+        opt(w, key!("method"), non_empty(&self.method))?;
+        opt(w, key!("target"), non_empty(&self.target))?;
+        field_str(w, key!("decision"), self.decision.as_str())?;
+        opt(w, key!("reason"), self.reason)?;
+        opt(w, key!("rule"), self.rule.as_deref())?;
+        opt(w, key!("policy"), self.policy.as_deref())?;
+        field_u64(w, key!("policy_generation"), self.policy_generation)?;
         if let Some(a) = self.upstream_addr {
-            field_socket_addr(w, "upstream_addr", a)?;
+            field_socket_addr(w, key!("upstream_addr"), a)?;
         }
-        field_u64(w, "status", u64::from(self.status))?;
-        field_u64(w, "bytes_up", self.bytes_up)?;
-        field_u64(w, "bytes_down", self.bytes_down)?;
-        field_u64(w, "duration_ms", duration_ms)?;
-        field_socket_addr(w, "client_addr", self.client_addr)?;
-        opt(w, "vpce", self.vpce.as_deref())?;
-        opt(w, "shadow_decision", self.shadow_decision.map(Outcome::as_str))?;
-        opt(w, "budget", self.budget.as_deref())
+        field_u64(w, key!("status"), u64::from(self.status))?;
+        field_u64(w, key!("bytes_up"), self.bytes_up)?;
+        field_u64(w, key!("bytes_down"), self.bytes_down)?;
+        field_u64(w, key!("duration_ms"), duration_ms)?;
+        field_socket_addr(w, key!("client_addr"), self.client_addr)?;
+        opt(w, key!("vpce"), self.vpce.as_deref())?;
+        opt(w, key!("shadow_decision"), self.shadow_decision.map(Outcome::as_str))?;
+        opt(w, key!("budget"), self.budget.as_deref())
     }
 }
 

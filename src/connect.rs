@@ -170,7 +170,7 @@ async fn admit(
             return Err(reject(rec, DenyReason::BadRequest, &format!("invalid CONNECT target: {e}")));
         }
     };
-    rec.target = crate::access_log::Text::display(&target);
+    rec.target = crate::access_log::Text::written(|t| target.write_to(t));
 
     // Registered before the dial: a reload while the gateway resolves and connects
     // (which the client can stretch) ends this tunnel like any open one.

@@ -3,7 +3,7 @@
 //! them for every request and tunnel; the output is byte for byte what `Display`
 //! (and `humantime`'s RFC 3339) gives.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::fmt::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -39,8 +39,9 @@ pub fn socket_addr(w: &mut (impl Write + ?Sized), a: SocketAddr) -> fmt::Result 
 }
 
 thread_local! {
-    /// The second last formatted on this thread and its `YYYY-MM-DDTHH:MM:SS`.
-    static SECOND: Cell<(u64, [u8; 19])> = const { Cell::new((u64::MAX, [0; 19])) };
+    /// The second last formatted on this thread and its `YYYY-MM-DDTHH:MM:SS`, kept
+    /// as text (no UTF-8 check each time it is written).
+    static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
 }
 
 /// `now` in RFC 3339 with milliseconds in UTC (`2026-12-03T13:07:01.123Z`), as
@@ -51,21 +52,29 @@ pub fn rfc3339_millis(w: &mut (impl Write + ?Sized), now: SystemTime) -> fmt::Re
         return write!(w, "{}", humantime::format_rfc3339_millis(now));
     };
     let secs = since.as_secs();
-    let (cached, mut text) = SECOND.get();
-    if cached != secs {
-        let mut s = String::with_capacity(24);
-        write!(s, "{}", humantime::format_rfc3339_seconds(now))?;
-        // `YYYY-MM-DDTHH:MM:SSZ`: anything else (a year past 9999) is written whole.
-        let Some(head) = s.as_bytes().get(..19).filter(|_| s.len() == 20) else {
-            return write!(w, "{}", humantime::format_rfc3339_millis(now));
-        };
-        text.copy_from_slice(head);
-        SECOND.set((secs, text));
+    let whole = SECOND.with(|second| {
+        let Ok(mut second) = second.try_borrow_mut() else { return Ok(false) };
+        if second.0 != secs {
+            let mut s = String::with_capacity(24);
+            write!(s, "{}", humantime::format_rfc3339_seconds(now))?;
+            // `YYYY-MM-DDTHH:MM:SSZ`: anything else (a year past 9999) is written whole.
+            if s.len() != 20 {
+                return Ok(false);
+            }
+            s.truncate(19);
+            *second = (secs, s);
+        }
+        w.write_str(&second.1).map(|()| true)
+    })?;
+    if !whole {
+        return write!(w, "{}", humantime::format_rfc3339_millis(now));
     }
-    w.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)?;
-    let ms = since.subsec_millis();
-    let frac = [b'.', b'0' + (ms / 100) as u8, b'0' + (ms / 10 % 10) as u8, b'0' + (ms % 10) as u8, b'Z'];
-    w.write_str(std::str::from_utf8(&frac).map_err(|_| fmt::Error)?)
+    // `.mmmZ`: 1000 + ms has four digits, the first of them a `1` that is not written.
+    let mut digits = itoa::Buffer::new();
+    let ms = digits.format(1000 + since.subsec_millis());
+    w.write_char('.')?;
+    w.write_str(ms.get(1..).unwrap_or(ms))?;
+    w.write_char('Z')
 }
 
 #[cfg(test)]
@@ -87,6 +96,16 @@ mod tests {
         }
         for a in [Ipv4Addr::new(0, 0, 0, 0), Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(10, 200, 3, 255)] {
             assert_eq!(text(|w| ipv4(w, a)), a.to_string());
+        }
+        // Every octet value in every place, and every port.
+        for v in 0..=255u8 {
+            for a in [[v, 0, 9, 255], [1, v, 99, 0], [100, 10, v, 1], [255, 255, 255, v]] {
+                assert_eq!(text(|w| ipv4(w, Ipv4Addr::from(a))), Ipv4Addr::from(a).to_string());
+            }
+        }
+        for port in 0..=u16::MAX {
+            let a = SocketAddr::from(([255, 255, 255, 255], port));
+            assert_eq!(text(|w| socket_addr(w, a)), a.to_string());
         }
         let addrs = [
             SocketAddr::from(([127, 0, 0, 1], 4002)),

@@ -177,10 +177,7 @@ async fn open(
     tokio::spawn(async move {
         let conn = conn.with_upgrades();
         let result = match ended {
-            Some(ended) => tokio::select! {
-                r = conn => r,
-                () = ended.cancelled() => Ok(()),
-            },
+            Some(ended) => crate::door::registry::UnlessEnded::new(&ended, conn).await.unwrap_or(Ok(())),
             None => conn.await,
         };
         if let Err(e) = result {
@@ -261,7 +258,7 @@ async fn decide_and_send(
         Ok(t) => t,
         Err(e) => return refuse(&mut rec, &format!("invalid URL authority: {e}")),
     };
-    rec.target = crate::access_log::Text::display(&target);
+    rec.target = crate::access_log::Text::written(|t| target.write_to(t));
 
     let identity = match door::identified(door, &state, conn, Presented::proxy(req.headers())) {
         Ok(i) => i,

@@ -196,15 +196,17 @@ pub async fn handle(
         path.starts_with("/routes/")
             || path.strip_prefix('/').and_then(|p| p.strip_prefix(gh_host.as_str())).is_some_and(|r| r.starts_with('/'))
     };
-    let absolute_host =
-        |pred: &dyn Fn(&str) -> bool| req.uri().scheme_str() == Some("http") && req.uri().host().is_some_and(pred);
+    // An absolute-form `http://` request's host, parsed once (`Uri::host` is not free).
+    let absolute_host = if req.uri().scheme_str() == Some("http") { req.uri().host() } else { None };
+    let to_github = absolute_host.is_some_and(|h| h.eq_ignore_ascii_case(gh_host));
+    let to_route = absolute_host.is_some_and(|h| crate::routes::is_route_host(&door.config.routes, h));
     if req.method() == Method::CONNECT {
         crate::connect::handle(req, conn, door, state, inspector(shared)).await
     } else if let Some(hint) = crate::door::headers::unsupported_transfer_coding(req.headers()) {
         refuse(req, hint).await
-    } else if absolute_host(&|h| h.eq_ignore_ascii_case(gh_host)) {
+    } else if to_github {
         crate::git::handler::handle(req, conn, door, &shared.git, state, Entry::Absolute).await
-    } else if absolute_host(&|h| crate::routes::is_route_host(&door.config.routes, h)) {
+    } else if to_route {
         crate::routes::handle(req, conn, door, &shared.routes, state, Entry::Absolute).await
     } else if req.uri().scheme_str() == Some("http")
         && origin_path(req.uri().path())

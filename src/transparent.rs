@@ -116,7 +116,7 @@ pub async fn serve(
             return refuse(&mut stream, &mut rec, Refusal::new(DenyReason::BadRequest, hint)).await;
         }
     };
-    rec.target = crate::access_log::Text::display(&target);
+    rec.target = crate::access_log::Text::written(|t| target.write_to(t));
 
     let identity = match door::identify_by_address(&state, &conn, cfg.sandbox.as_deref()) {
         Ok(i) => i,
@@ -256,7 +256,7 @@ pub async fn http_request(
             return Err(crate::door::bodies::refuse_request(req, idle, resp).await);
         }
     };
-    rec.target = crate::access_log::Text::display(&target);
+    rec.target = crate::access_log::Text::written(|t| target.write_to(t));
     let identity = match door::identify_by_address(&state, conn, sidecar) {
         Ok(i) => i,
         Err(e) => {

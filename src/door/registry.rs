@@ -96,19 +96,31 @@ impl Registration {
 
     /// Runs `fut` unless the connection is ended first (`None`).
     pub fn unless_ended<F: Future>(&self, fut: F) -> UnlessEnded<'_, F> {
-        UnlessEnded { ended: self.cancel.cancelled(), fut }
+        UnlessEnded::new(&self.cancel, fut)
     }
 }
 
 pin_project_lite::pin_project! {
-    /// [`Registration::unless_ended`]'s future. A struct rather than an `async fn`: an
-    /// `async fn` would hold `fut` twice (as its argument, then inside its `select!`),
-    /// and `fut` is a dial or an upstream exchange of a kilobyte or more.
+    /// `fut`, unless `token` is cancelled first (`None`). A struct rather than an
+    /// `async fn`: an `async fn` would hold `fut` twice (as its argument, then inside
+    /// its `select!`), and `fut` is a dial or an upstream exchange of a kilobyte or
+    /// more. The cancellation future is polled only to register the task's waker;
+    /// later polls read the token's flag (polling it on each of the several wakes a
+    /// keep-alive request makes cost about 150 instructions each).
     pub struct UnlessEnded<'a, F> {
+        token: &'a CancellationToken,
         #[pin]
         ended: tokio_util::sync::WaitForCancellationFuture<'a>,
+        // The waker the cancellation future was last polled with.
+        registered: Option<std::task::Waker>,
         #[pin]
         fut: F,
+    }
+}
+
+impl<'a, F: Future> UnlessEnded<'a, F> {
+    pub fn new(token: &'a CancellationToken, fut: F) -> Self {
+        UnlessEnded { token, ended: token.cancelled(), registered: None, fut }
     }
 }
 
@@ -118,8 +130,14 @@ impl<F: Future> Future for UnlessEnded<'_, F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         // Ended first: a connection ended while its future was ready is still ended.
-        if this.ended.poll(cx).is_ready() {
+        if this.token.is_cancelled() {
             return Poll::Ready(None);
+        }
+        if this.registered.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
+            if this.ended.poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            *this.registered = Some(cx.waker().clone());
         }
         this.fut.poll(cx).map(Some)
     }
