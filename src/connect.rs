@@ -212,7 +212,9 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
     let place = conn.place();
     let active = crate::metrics::ActiveGuard::tunnel();
     let (idle, keepalive) = (door.config.proxy.tunnel_idle_timeout, door.resolver.keepalive());
-    door.tasks.spawn(async move {
+    // Boxed, as a connection's future is (`proxy::server`): moved whole several times
+    // on its way into its task otherwise.
+    door.tasks.spawn(Box::pin(async move {
         let (_place, _active) = (place, active);
         match next {
             Next::Tunnel { hold, mut upstream } => {
@@ -255,7 +257,7 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
             }
         }
         rec.emit();
-    });
+    }));
 }
 
 /// A plain-TCP client leg is taken back from hyper (dropping its buffers) and relayed

@@ -49,7 +49,8 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
         let (shared, cfg, shutdown) = (shared.clone(), cfg.clone(), shutdown.clone());
-        shared.tasks.clone().spawn(async move {
+        // Boxed, as the proxy port's connections are (`server`).
+        shared.tasks.clone().spawn(Box::pin(async move {
             let active = crate::metrics::ActiveGuard::connection();
             // As on the proxy port: a peer that is not a trusted proxy is held to its
             // address's share before the PROXY header wait, so one address cannot hold
@@ -86,7 +87,7 @@ pub async fn serve(
                     server::serve_stream(stream, conn, shared, shutdown, false, serve).await;
                 }
             }
-        });
+        }));
     }
 }
 
