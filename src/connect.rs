@@ -3,6 +3,8 @@
 
 pub mod head;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,9 +118,7 @@ pub async fn handle(
 
 /// A connection's first request, read by the fast path: answered here, on the socket.
 /// `early` is what the client sent behind the head (tunnel bytes, or its next
-/// request). Returns the socket when the connection goes on (a refusal the client may
-/// follow with another request, which hyper then serves); `None` once it is a tunnel
-/// or closed.
+/// request).
 pub async fn handle_first(
     head: &head::ConnectHead<'_>,
     early: &[u8],
@@ -127,14 +127,11 @@ pub async fn handle_first(
     door: &Door,
     state: Arc<State>,
     inspector: Option<Arc<dyn door::Inspector>>,
-) -> Option<Replayed> {
+) -> First {
     let mut rec = record(conn, &state);
     let presented = Presented::proxy_value(head.proxy_authorization);
     match admit(&mut rec, head.target, presented, conn, door, &state, inspector).await {
-        Ok(next) => {
-            start(next, Client::Tcp(stream, early.to_vec()), rec, conn, door);
-            None
-        }
+        Ok(next) => First::Tunnel(tunnel(next, Client::Tcp(stream, early.to_vec()), rec, conn, door)),
         Err(mut resp) => {
             if head.close {
                 resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
@@ -142,10 +139,10 @@ pub async fn handle_first(
             let bytes = respond::serialize(resp).await;
             let sent = tokio::time::timeout(Duration::from_secs(10), stream.write_all(&bytes)).await;
             match sent {
-                Ok(Ok(())) if !head.close => Some(Replayed::new(early.to_vec(), stream)),
+                Ok(Ok(())) if !head.close => First::Serve(Replayed::new(early.to_vec(), stream)),
                 _ => {
                     let _ = stream.shutdown().await;
-                    None
+                    First::Closed
                 }
             }
         }
@@ -206,15 +203,35 @@ async fn admit(
 /// The answer of an authorized CONNECT on the fast path.
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
 
-/// Runs the tunnel (or the inspection) in a task of its own. Counted and registered
-/// from before the `200` is written, so a scrape or a reload right after it sees it.
-fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, door: &Door) {
+/// A tunnel (or an inspection) to run, boxed: its state is allocated only once the
+/// connection is a tunnel, and freed with it.
+pub type Tunnel = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What became of a connection's first request on the fast path.
+pub enum First {
+    /// Authorized: the tunnel to run, in the connection's own task (no second task is
+    /// spawned for it).
+    Tunnel(Tunnel),
+    /// Not a CONNECT the fast path answers, or a refusal the client may follow with
+    /// another request: hyper serves the connection from here.
+    Serve(Replayed),
+    /// Closed.
+    Closed,
+}
+
+/// Runs [`tunnel`] in a task of its own: for a CONNECT that hyper served (not a
+/// connection's first request), whose connection task goes on driving hyper.
+fn start(next: Next, client: Client, rec: AccessRecord, conn: &ConnInfo, door: &Door) {
+    door.tasks.spawn(tunnel(next, client, rec, conn, door));
+}
+
+/// The tunnel (or the inspection). Counted and registered from before the `200` is
+/// written, so a scrape or a reload right after it sees it.
+fn tunnel(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, door: &Door) -> Tunnel {
     let place = conn.place();
     let active = crate::metrics::ActiveGuard::tunnel();
     let (idle, keepalive) = (door.config.proxy.tunnel_idle_timeout, door.resolver.keepalive());
-    // Boxed, as a connection's future is (`proxy::server`): moved whole several times
-    // on its way into its task otherwise.
-    door.tasks.spawn(Box::pin(async move {
+    Box::pin(async move {
         let (_place, _active) = (place, active);
         match next {
             Next::Tunnel { hold, mut upstream } => {
@@ -257,7 +274,7 @@ fn start(next: Next, client: Client, mut rec: AccessRecord, conn: &ConnInfo, doo
             }
         }
         rec.emit();
-    }));
+    })
 }
 
 /// A plain-TCP client leg is taken back from hyper (dropping its buffers) and relayed

@@ -123,24 +123,25 @@ fn inspector(shared: &Arc<Shared>) -> Option<Arc<dyn door::Inspector>> {
 /// A plain-TCP connection's first request, when it is a plain CONNECT, served without
 /// hyper (`connect::head`). Returns the socket, with what was read from it and not
 /// taken in front, when hyper is to serve the connection (the first request is
-/// something else, or the client may go on after a refusal); `None` when it is a
-/// tunnel now, or closed.
+/// something else, or the client may go on after a refusal); the tunnel to run when
+/// it is one now.
 pub async fn first_request(
     mut stream: tokio::net::TcpStream,
     conn: &ConnInfo,
     shared: &Arc<Shared>,
     shutdown: &tokio_util::sync::CancellationToken,
-) -> Option<crate::replayed::Replayed> {
-    use crate::connect::head;
+) -> crate::connect::First {
+    use crate::connect::{First, head};
     let cfg = &shared.config.proxy;
     let mut buf = [0u8; head::FIRST_READ];
     // On shutdown, a connection that has sent nothing yet is closed at once.
     let n = tokio::select! {
-        n = head::read_first(&mut stream, &mut buf, cfg.header_read_timeout) => n?,
-        _ = shutdown.cancelled() => return None,
+        n = head::read_first(&mut stream, &mut buf, cfg.header_read_timeout) => n,
+        _ = shutdown.cancelled() => None,
     };
+    let Some(n) = n else { return First::Closed };
     let Some(head) = head::parse(&buf[..n], cfg.max_header_bytes, cfg.max_headers) else {
-        return Some(crate::replayed::Replayed::new(buf[..n].to_vec(), stream));
+        return First::Serve(crate::replayed::Replayed::new(buf[..n].to_vec(), stream));
     };
     let state = shared.store.snapshot();
     let early = &buf[head.len..n];

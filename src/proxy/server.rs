@@ -87,13 +87,9 @@ pub async fn serve(
             crate::resolve::set_keepalive(&stream, shared.config.proxy.tcp_keepalive);
         }
         let (shared, shutdown) = (shared.clone(), shutdown.clone());
-        // Connections' futures are boxed before they are spawned: a task's future is
-        // moved (into its task, and its stage written whole when it ends) several
-        // times, and this one is about 5 KB, which cost a CONNECT setup about 4,000
-        // instructions of copying.
         let Some((placement, me)) = &place else {
             let slot = Slot { _permit: permit, _load: None, _active: crate::metrics::ActiveGuard::connection() };
-            shared.tasks.clone().spawn(Box::pin(connection(stream, peer, slot, shared, shutdown)));
+            shared.tasks.clone().spawn(connection_task(stream, peer, slot, shared, shutdown));
             continue;
         };
         let to = placement.pick(*me);
@@ -103,7 +99,7 @@ pub async fn serve(
             _active: crate::metrics::ActiveGuard::connection(),
         };
         if to == *me {
-            shared.tasks.clone().spawn(Box::pin(connection(stream, peer, slot, shared, shutdown)));
+            shared.tasks.clone().spawn(connection_task(stream, peer, slot, shared, shutdown));
             continue;
         }
         // Another thread's reactor must own the socket: leave this one's, join that one's.
@@ -116,7 +112,7 @@ pub async fn serve(
         };
         let handoff = async move {
             match TcpStream::from_std(std_stream) {
-                Ok(stream) => Box::pin(connection(stream, peer, slot, shared, shutdown)).await,
+                Ok(stream) => connection_task(stream, peer, slot, shared, shutdown).await,
                 Err(e) => tracing::debug!(client_addr = %peer, error = %e, "handed-over connection lost"),
             }
         };
@@ -184,15 +180,40 @@ fn client_options_on_listener(listener: &TcpListener, keepalive: Duration) -> bo
     sock.set_tcp_nodelay(true).is_ok() && sock.set_tcp_keepalive(&crate::resolve::keepalive_params(keepalive)).is_ok()
 }
 
-/// One admitted client connection: PROXY header and allow-list admission, the TLS
-/// handshake when configured, then hyper until the connection closes or is upgraded.
+/// A client connection's task: [`connection`], then the tunnel it became on the fast
+/// path, if it became one, in the same task (a second task per CONNECT cost a setup
+/// its spawn, scheduling and cell).
 ///
-/// Spawned as it is: the fast path's CONNECT (`super::first_request`) runs in the task
-/// itself, which ends once the tunnel has its own task. Hyper's and the TLS path's
-/// state lives in a box freed when hyper lets go of the connection, because a stale
-/// waker that hyper leaves in the socket's registration can keep a task's cell alive
-/// for as long as a tunnel on the socket runs.
-async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc<Shared>, shutdown: CancellationToken) {
+/// `connection`'s state (about 5 KB) is boxed and freed before the tunnel runs, so an
+/// idle tunnel holds only its own state. The box also keeps this future small: a
+/// task's future is moved whole on its way into its task, and its stage written whole
+/// when it ends, which cost a setup about 4,000 instructions of copying.
+async fn connection_task(
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    if let Some(tunnel) = Box::pin(connection(stream, peer, slot, shared, shutdown)).await {
+        tunnel.await;
+    }
+}
+
+/// One admitted client connection: PROXY header and allow-list admission, the TLS
+/// handshake when configured, then hyper until the connection closes or is upgraded;
+/// or the tunnel to run, when its first request is a CONNECT the fast path
+/// (`super::first_request`) authorized. Hyper's and the TLS path's state lives in a
+/// box freed when hyper lets go of the connection, because a stale waker that hyper
+/// leaves in the socket's registration can keep a task's cell alive for as long as a
+/// tunnel on the socket runs.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) -> Option<crate::connect::Tunnel> {
     let mut stream = stream;
     // A peer that is not a trusted proxy is held to its share before the PROXY header
     // wait (up to header_read_timeout) too; a trusted proxy's clients are held to
@@ -202,30 +223,37 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, shared: Arc
         if cfg.proxy_protocol != ProxyProtocol::Off && !cfg.trusted_proxies.iter().any(|n| n.contains(&peer.ip())) {
             match shared.admission.admit(peer.ip()) {
                 Some(p) => Some(p),
-                None => return refuse_over_share(stream, peer, None, &shared).await,
+                None => {
+                    refuse_over_share(stream, peer, None, &shared).await;
+                    return None;
+                }
             }
         } else {
             None
         };
-    if let Some(mut conn) = admit(&mut stream, peer, &shared).await {
-        let pending = match early {
+    let mut conn = admit(&mut stream, peer, &shared).await?;
+    let pending = match early {
+        Some(p) => p,
+        None => match shared.admission.admit(conn.peer.ip()) {
             Some(p) => p,
-            None => match shared.admission.admit(conn.peer.ip()) {
-                Some(p) => p,
-                None => return refuse_over_share(stream, conn.peer, conn.vpce.clone(), &shared).await,
-            },
-        };
-        conn.held = Some(Arc::new(Held { share: pending, place: slot }));
-        match &shared.tls {
             None => {
-                // A client that sends its first byte just before the header-read
-                // timeout gets that timeout again from hyper: at most twice it, once.
-                let Some(stream) = super::first_request(stream, &conn, &shared, &shutdown).await else { return };
-                Box::pin(serve_connection(stream, conn, shared, shutdown)).await
+                refuse_over_share(stream, conn.peer, conn.vpce.clone(), &shared).await;
+                return None;
             }
-            Some(tls) => Box::pin(tls_connection(stream, tls.acceptor(), conn, shared, shutdown)).await,
-        }
+        },
+    };
+    conn.held = Some(Arc::new(Held { share: pending, place: slot }));
+    match &shared.tls {
+        // A client that sends its first byte just before the header-read timeout gets
+        // that timeout again from hyper: at most twice it, once.
+        None => match super::first_request(stream, &conn, &shared, &shutdown).await {
+            crate::connect::First::Tunnel(tunnel) => return Some(tunnel),
+            crate::connect::First::Serve(stream) => Box::pin(serve_connection(stream, conn, shared, shutdown)).await,
+            crate::connect::First::Closed => {}
+        },
+        Some(tls) => Box::pin(tls_connection(stream, tls.acceptor(), conn, shared, shutdown)).await,
     }
+    None
 }
 
 /// A connection on a TLS proxy listener: the handshake, then hyper.
