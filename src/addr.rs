@@ -118,7 +118,7 @@ pub fn parse_authority(s: &str, default_port: Option<u16>) -> Result<Target, Add
         return Err(AddrError::ForbiddenCharacter);
     }
     let (host_part, port_part) = if s.starts_with('[') {
-        split_host_port(s)?
+        split_bracketed(s)?
     } else {
         match colons {
             0 => (s, None),
@@ -139,24 +139,17 @@ fn forbidden_in_authority(b: u8) -> bool {
     matches!(b, b'@' | b'/' | b'\\' | b'%' | b'?' | b'#' | b' ') || b.is_ascii_control()
 }
 
-fn split_host_port(s: &str) -> Result<(&str, Option<&str>), AddrError> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let end = rest.find(']').ok_or(AddrError::InvalidIpLiteral)?;
-        let host = &s[..end + 2];
-        let after = &rest[end + 1..];
-        return match after {
-            "" => Ok((host, None)),
-            _ => match after.strip_prefix(':') {
-                Some(p) => Ok((host, Some(p))),
-                None => Err(AddrError::InvalidIpLiteral),
-            },
-        };
-    }
-    match s.rfind(':') {
-        // A bare IPv6 address without brackets is not an authority.
-        Some(i) if s[..i].contains(':') => Err(AddrError::InvalidIpLiteral),
-        Some(i) => Ok((&s[..i], Some(&s[i + 1..]))),
-        None => Ok((s, None)),
+/// `[v6]` or `[v6]:port`, split into the bracketed host and the port.
+fn split_bracketed(s: &str) -> Result<(&str, Option<&str>), AddrError> {
+    let rest = s.strip_prefix('[').ok_or(AddrError::InvalidIpLiteral)?;
+    let end = rest.find(']').ok_or(AddrError::InvalidIpLiteral)?;
+    let host = &s[..end + 2];
+    match &rest[end + 1..] {
+        "" => Ok((host, None)),
+        after => match after.strip_prefix(':') {
+            Some(p) => Ok((host, Some(p))),
+            None => Err(AddrError::InvalidIpLiteral),
+        },
     }
 }
 
@@ -359,20 +352,28 @@ mod tests {
     /// eight characters drawn from digits, dots and a sign.
     #[test]
     fn the_dotted_quad_parser_agrees_with_the_standard_library() {
-        const ALPHABET: &[u8] = b"0125.+";
+        let checked = every_string(b"0125.+", 8, |s| {
+            assert_eq!(parse_dotted_quad(s).ok(), s.parse::<Ipv4Addr>().ok(), "{s:?}");
+        });
+        assert!(checked > 1_000_000);
+    }
+
+    /// Calls `check` with every string of up to `max_len` bytes from `alphabet`; how
+    /// many there were.
+    fn every_string(alphabet: &[u8], max_len: u32, mut check: impl FnMut(&str)) -> usize {
         let mut checked = 0;
-        for len in 0..=8u32 {
-            for mut n in 0..ALPHABET.len().pow(len) {
+        for len in 0..=max_len {
+            for mut n in 0..alphabet.len().pow(len) {
                 let mut s = String::new();
                 for _ in 0..len {
-                    s.push(char::from(ALPHABET[n % ALPHABET.len()]));
-                    n /= ALPHABET.len();
+                    s.push(char::from(alphabet[n % alphabet.len()]));
+                    n /= alphabet.len();
                 }
-                assert_eq!(parse_dotted_quad(&s).ok(), s.parse::<Ipv4Addr>().ok(), "{s:?}");
+                check(&s);
                 checked += 1;
             }
         }
-        assert!(checked > 1_000_000);
+        checked
     }
 
     /// The one-pass authority parser agrees with the three-pass one it replaced
@@ -385,7 +386,7 @@ mod tests {
                 return Err(AddrError::ForbiddenCharacter);
             }
             let (host_part, port_part) = if s.starts_with('[') {
-                split_host_port(s)?
+                split_bracketed(s)?
             } else {
                 match s.rfind(':') {
                     Some(i) if s[..i].contains(':') => return Err(AddrError::InvalidIpLiteral),
@@ -404,19 +405,11 @@ mod tests {
             };
             Ok(Target { host: parse_host(host_part)?, port })
         }
-        const ALPHABET: &[u8] = b"a1:.[]@ 0";
-        for len in 0..=6u32 {
-            for mut n in 0..ALPHABET.len().pow(len) {
-                let mut s = String::new();
-                for _ in 0..len {
-                    s.push(char::from(ALPHABET[n % ALPHABET.len()]));
-                    n /= ALPHABET.len();
-                }
-                for default in [None, Some(80)] {
-                    assert_eq!(parse_authority(&s, default), three_pass(&s, default), "{s:?}");
-                }
+        every_string(b"a1:.[]@ 0", 6, |s| {
+            for default in [None, Some(80)] {
+                assert_eq!(parse_authority(s, default), three_pass(s, default), "{s:?}");
             }
-        }
+        });
     }
 
     /// Ports at and around their limits.
