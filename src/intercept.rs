@@ -8,6 +8,7 @@
 
 pub mod ca;
 pub mod github_api;
+pub mod placeholders;
 pub mod request;
 pub mod secrets;
 

@@ -1,8 +1,8 @@
 //! Removes a secret from a response as it streams: an upstream that echoes the injected
 //! key (in an error message, say) must not hand it to the sandbox. Only a tail that
 //! could be the start of the secret is held back between chunks, so server-sent events
-//! still arrive as they are produced. The same streaming replacement puts a placeholder
-//! secret's value into a request body ([`RedactBody::replacing`]).
+//! still arrive as they are produced. (Placeholder values go into requests through
+//! `intercept::placeholders`.)
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -128,119 +128,6 @@ pub fn is_encoded(h: &HeaderMap) -> bool {
         || h.get_all(http::header::CONTENT_ENCODING).iter().any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
 }
 
-/// How far back an unfinished escape before a placeholder is looked for.
-pub const ESCAPE_LOOKBACK: usize = 12;
-
-/// True when an occurrence of `needle` in `hay` starts inside an unfinished escape
-/// ([`opens_escape`]): an upstream that decodes it would fold the first characters of
-/// what replaces the placeholder into the escape (`\uEGRESS…` becomes `\u3f9a…`, one
-/// character), and the altered value would pass the redactor.
-pub fn any_glued(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.windows(needle.len()).enumerate().any(|(at, w)| w == needle && opens_escape(&hay[..at]))
-}
-
-/// Whether `before` ends in an escape that the next characters could complete
-/// ([`ends_in_escape`]), as written, percent-decoded once (`%25` is `%` to an upstream
-/// that decodes twice), or with `\u00XX` decoded (`\u005cu` is `\u` to one that reads
-/// JSON twice); or whether its last [`ESCAPE_LOOKBACK`] bytes are all characters an
-/// escape can run on with (`&#000000000000`: padding past what is looked at).
-pub fn opens_escape(before: &[u8]) -> bool {
-    let window = &before[before.len().saturating_sub(ESCAPE_LOOKBACK)..];
-    // A byte that is not ASCII right before (a Shift_JIS or GBK lead byte folds the
-    // next character into one), or a NUL near (UTF-16 text, which JSON readers detect).
-    if window.last().is_some_and(|b| !b.is_ascii()) || window.contains(&0) {
-        return true;
-    }
-    if window.len() == ESCAPE_LOOKBACK && window.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'{' | b'#')) {
-        return true;
-    }
-    let decoded = percent_decoded(window);
-    ends_in_escape(window)
-        || ends_in_escape(&decoded)
-        || ends_in_escape(&unicode_unescaped(window))
-        || ends_in_escape(&unicode_unescaped(&decoded))
-}
-
-/// Whether `before` ends in an unfinished escape: `%`, `%h`, `%u` and up to three hex
-/// digits (URLs, IIS); `\` alone or with up to five hex digits (CSS, octal), `\u`/`\U`
-/// with fewer hex digits than they take, `\x` with any (C), `\u{`/`\x{`, `\N{` (JSON,
-/// JavaScript, Python, C, Java); `&#`, `&#x` with digits, or `&` alone or with letters
-/// (HTML, which reads a reference without its `;`).
-fn ends_in_escape(before: &[u8]) -> bool {
-    let from = before.len().saturating_sub(ESCAPE_LOOKBACK);
-    (from..before.len()).rev().any(|at| {
-        let tail = &before[at + 1..];
-        let hex = |t: &[u8]| t.iter().all(u8::is_ascii_hexdigit);
-        match before[at] {
-            b'%' => match tail {
-                [] => true,
-                [b'u' | b'U', rest @ ..] => rest.len() < 4 && hex(rest),
-                _ => tail.len() < 2 && hex(tail),
-            },
-            b'\\' => match tail {
-                [] => true,
-                [b'u' | b'x' | b'U' | b'X', b'{', rest @ ..] => hex(rest),
-                [b'N', b'{', rest @ ..] => !rest.contains(&b'}'),
-                [b'u', rest @ ..] => rest.len() < 4 && hex(rest),
-                [b'U', rest @ ..] => rest.len() < 8 && hex(rest),
-                [b'x' | b'X', rest @ ..] => hex(rest),
-                _ => tail.len() < 6 && hex(tail),
-            },
-            b'&' => match tail {
-                [b'#'] => true,
-                [b'#', b'x' | b'X', rest @ ..] => hex(rest),
-                [b'#', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-                // `&` and letters, or `&` alone: the value's own first letters could
-                // spell a reference (`lt`, `not`, `amp`).
-                _ => tail.iter().all(u8::is_ascii_alphabetic),
-            },
-            _ => false,
-        }
-    })
-}
-
-/// `bytes` with each `%XX` decoded once.
-fn percent_decoded(bytes: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let (Some(h), Some(l)) =
-                (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex))
-        {
-            out.push(h << 4 | l);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
-}
-
-/// `bytes` with each `\u00XX` (an ASCII character, as JSON writes one) decoded.
-fn unicode_unescaped(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let code = bytes
-            .get(i..i + 6)
-            .filter(|w| w.starts_with(b"\\u00"))
-            .and_then(|w| std::str::from_utf8(&w[4..]).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok())
-            .filter(u8::is_ascii);
-        if let Some(code) = code {
-            out.push(code);
-            i += 6;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
-}
-
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -248,16 +135,11 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// Replaces every occurrence of `secret` in `buf`; returns the text to emit now and the
 /// tail to hold back (a proper prefix of the secret at the end of `buf`).
 pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    scrub_with(buf, secret, MARK.as_bytes())
-}
-
-/// [`scrub`], writing `replacement` for each occurrence.
-pub fn scrub_with(buf: &[u8], secret: &[u8], replacement: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut out = Vec::with_capacity(buf.len());
     let mut i = 0;
     while i < buf.len() {
         if !secret.is_empty() && buf[i..].starts_with(secret) {
-            out.extend_from_slice(replacement);
+            out.extend_from_slice(MARK.as_bytes());
             i += secret.len();
         } else {
             out.push(buf[i]);
@@ -274,36 +156,16 @@ pub fn scrub_with(buf: &[u8], secret: &[u8], replacement: &[u8]) -> (Vec<u8>, Ve
 pub struct RedactBody<B> {
     inner: B,
     secret: Vec<u8>,
-    replacement: Vec<u8>,
     carry: BytesMut,
     done: bool,
-    /// Replacing (not redacting): refuse an occurrence glued to a `%` escape, and the
-    /// last two bytes emitted, to see one across chunks.
-    guard: bool,
-    prev: Vec<u8>,
     /// Trailers that came while bytes were held back: the held bytes go out first.
     trailers: Option<Frame<Bytes>>,
 }
 
 impl<B> RedactBody<B> {
+    /// Writes [`MARK`] wherever `secret` streams past.
     pub fn new(inner: B, secret: &str) -> Self {
-        let mut r = Self::replacing(inner, secret, MARK);
-        r.guard = false;
-        r
-    }
-
-    /// Writes `replacement` wherever `needle` streams past.
-    pub fn replacing(inner: B, needle: &str, replacement: &str) -> Self {
-        RedactBody {
-            inner,
-            secret: needle.as_bytes().to_vec(),
-            replacement: replacement.as_bytes().to_vec(),
-            carry: BytesMut::new(),
-            done: false,
-            guard: true,
-            prev: Vec::new(),
-            trailers: None,
-        }
+        RedactBody { inner, secret: secret.as_bytes().to_vec(), carry: BytesMut::new(), done: false, trailers: None }
     }
 }
 
@@ -329,24 +191,7 @@ where
                 Ok(data) => {
                     let mut buf = std::mem::take(&mut self.carry);
                     buf.extend_from_slice(&data);
-                    if self.guard {
-                        let mut seen = self.prev.clone();
-                        seen.extend_from_slice(&buf);
-                        if any_glued(&seen, &self.secret) {
-                            self.done = true;
-                            return Poll::Ready(Some(Err(
-                                "a placeholder follows an unfinished escape in the body".into()
-                            )));
-                        }
-                    }
-                    let (out, tail) = scrub_with(&buf, &self.secret, &self.replacement);
-                    if self.guard {
-                        let keep = out.len().min(ESCAPE_LOOKBACK);
-                        let mut prev = self.prev.clone();
-                        prev.extend_from_slice(&out[out.len() - keep..]);
-                        let cut = prev.len().saturating_sub(ESCAPE_LOOKBACK);
-                        self.prev = prev.split_off(cut);
-                    }
+                    let (out, tail) = scrub(&buf, &self.secret);
                     self.carry = BytesMut::from(&tail[..]);
                     Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
                 }
@@ -355,10 +200,8 @@ where
                 Err(frame) => {
                     let frame = match frame.into_trailers() {
                         Ok(mut trailers) => {
-                            if self.replacement == MARK.as_bytes() {
-                                let secret = String::from_utf8_lossy(&self.secret).into_owned();
-                                headers(&mut trailers, &secret);
-                            }
+                            let secret = String::from_utf8_lossy(&self.secret).into_owned();
+                            headers(&mut trailers, &secret);
                             Frame::trailers(trailers)
                         }
                         Err(frame) => frame,
@@ -387,58 +230,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_placeholder_inside_an_unfinished_escape_is_glued() {
-        let ph = b"EGRESS_SECRET_k";
-        let glued = |before: &str| any_glued(format!("{before}EGRESS_SECRET_k").as_bytes(), ph);
-        for open in [
-            "%",
-            "%4",
-            "%u",
-            "%u3f",
-            "\\",
-            "\\u",
-            "\\u3",
-            "\\u3f9",
-            "\\U0001",
-            "\\x",
-            "\\x4",
-            "\\x41414",
-            "\\u{",
-            "\\x{1",
-            "\\N{",
-            "\\1",
-            "\\12",
-            "&#",
-            "&#x",
-            "&#x3f",
-            "&#12",
-            "a=\\u",
-            "\\0000",
-            "\\a",
-            "\\123",
-            "&sup",
-            "a&",
-            "v=\u{82}",
-            "{\0\"\0v\0\"\0",
-            "&time",
-            "%25",
-            "%5Cu",
-            "\\u005cu",
-            "v=%5Cu3",
-            "&#000000000000",
-            "x&#0000000000",
-        ] {
-            assert!(glued(open), "{open:?}");
-        }
-        for done in [
-            "", "x=", "%20", "%41", "%u3f9a", "\\u3f9a", "\\n", "\\\"", "&amp;", "Bearer ", "\\N{DOT}", "key=abc",
-            "a&b=",
-        ] {
-            assert!(!glued(done), "{done:?}");
-        }
-    }
 
     #[test]
     fn only_one_chunked_framing_is_plain() {

@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
 use super::Intercept;
+use super::placeholders;
 use super::secrets::{self, Swapped};
 use crate::access_log::{AccessRecord, Kind, raw_target};
 use crate::addr::Target;
@@ -279,8 +280,8 @@ pub async fn handle(
     let mut body: ProxyBody =
         Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)
             .boxed_unsync();
-    for (placeholder, value) in &swapped.body {
-        body = redact::RedactBody::replacing(body, placeholder, value).boxed_unsync();
+    if !swapped.body.is_empty() {
+        body = placeholders::SubstituteBody::new(body, swapped.body.clone()).boxed_unsync();
     }
 
     // Over HTTP/2 the URI's authority becomes `:authority`, the one name sent (no

@@ -12,6 +12,8 @@ use crate::addr::Target;
 use crate::config::{PLACEHOLDER_PREFIX, SecretConfig};
 use crate::secret::Secret;
 
+use super::placeholders::{Output, Stop, Swap, Then};
+
 /// What was put in place of placeholders, and what every response from the host is
 /// redacted of: every value bound to it for this sandbox (a value swapped in by one
 /// request and stored upstream must not come back in another's response).
@@ -19,8 +21,10 @@ use crate::secret::Secret;
 pub struct Swapped {
     /// Redacted from the response: each bound value, and the escaped forms used.
     pub values: Vec<String>,
-    /// `(placeholder, value)` pairs to replace in the request body.
-    pub body: Vec<(String, String)>,
+    /// What to replace in the request body, for [`SubstituteBody`](super::placeholders::SubstituteBody):
+    /// empty unless a secret bound here has `body = true`; then every configured
+    /// placeholder, the others kept as they are.
+    pub body: Vec<Swap>,
     /// A placeholder was replaced in the head (headers or query).
     pub used: bool,
 }
@@ -35,9 +39,13 @@ impl Swapped {
     pub fn lends(&self) -> bool {
         self.used || !self.body.is_empty()
     }
-}
 
-use crate::redact::any_glued;
+    fn redact(&mut self, v: &str) {
+        if !self.values.iter().any(|x| x == v) {
+            self.values.push(v.to_string());
+        }
+    }
+}
 
 /// A placeholder where its secret may not go.
 #[derive(Debug)]
@@ -55,28 +63,30 @@ fn misuse(s: &SecretConfig, host: &Target, place: &str) -> Misuse {
     }
 }
 
+fn glued(s: &SecretConfig) -> Misuse {
+    Misuse {
+        hint: format!(
+            "{} follows an unfinished escape (%, \\u, \\x, &#): an upstream that decodes it would alter the value; \
+             the request was not sent",
+            s.placeholder()
+        ),
+    }
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-fn replace(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(hay.len() + with.len());
-    let mut i = 0;
-    while i < hay.len() {
-        if hay[i..].starts_with(needle) {
-            out.extend_from_slice(with);
-            i += needle.len();
-        } else {
-            out.push(hay[i]);
-            i += 1;
-        }
-    }
-    out
+/// One pass of `swaps` over `input` ([`Output::push`]), or why not.
+fn substitute(input: &[u8], swaps: &[Swap]) -> Result<Output, Stop> {
+    let mut out = Output::default();
+    out.push(input, swaps, false)?;
+    Ok(out)
 }
 
 /// Replaces the placeholders in `parts` (headers, and the query where allowed) for a
 /// request to `host` by a sandbox under `policy`. `body`: whether the request may have
-/// a body (bound secrets with `body = true` are then streamed through it).
+/// a body (bound secrets with `body = true` are then replaced in it as it streams).
 pub fn swap(
     parts: &mut http::request::Parts,
     host: &Target,
@@ -90,115 +100,109 @@ pub fn swap(
         return Ok(out);
     }
     let prefix = PLACEHOLDER_PREFIX.as_bytes();
-    let bound: Vec<(&SecretConfig, &str)> = secrets
+    // Each configured secret's value where it is bound here (same order as `secrets`).
+    let bound: Vec<Option<&str>> = secrets
         .iter()
-        .filter(|s| s.bound_to(host, policy))
-        .filter_map(|s| values.get(&s.name).map(|v| (s, v.expose())))
+        .map(|s| s.bound_to(host, policy).then(|| values.get(&s.name).map(Secret::expose)).flatten())
         .collect();
-    let used = |v: &str, out: &mut Swapped| {
-        if !out.values.iter().any(|x| x == v) {
-            out.values.push(v.to_string());
-        }
-    };
     // Every value bound to the host is redacted from its answers, whichever policies
     // may lend it: a value one sandbox stored upstream must not come back to another.
     for s in secrets.iter().filter(|s| s.on_host(host)) {
         if let Some(v) = values.get(&s.name) {
-            used(v.expose(), &mut out);
+            out.redact(v.expose());
         }
     }
-    let glued = |ph: &str| Misuse {
-        hint: format!(
-            "{ph} follows an unfinished escape (%, \\u, \\x, &#): an upstream that decodes it would alter the value; \
-             the request was not sent"
-        ),
+    let swaps = |then: &dyn Fn(usize) -> Then| -> Vec<Swap> {
+        secrets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Swap { placeholder: s.placeholder().into_bytes(), then: then(i) })
+            .collect()
     };
 
-    for (_, v) in parts.headers.iter_mut() {
-        if !find(v.as_bytes(), prefix) {
-            continue;
+    let in_headers = parts.headers.values().any(|v| find(v.as_bytes(), prefix));
+    if in_headers {
+        let heads = swaps(&|i| bound[i].map_or(Then::Refuse, |v| Then::Write(v.as_bytes().to_vec())));
+        for v in parts.headers.values_mut().filter(|v| find(v.as_bytes(), prefix)) {
+            let done = substitute(v.as_bytes(), &heads).map_err(|stop| match stop {
+                Stop::Glued(i) => glued(&secrets[i]),
+                Stop::Refused(i) => misuse(&secrets[i], host, "headers"),
+            })?;
+            out.used |= !done.written.is_empty();
+            let Ok(mut nv) = HeaderValue::from_bytes(&done.bytes) else {
+                return Err(Misuse { hint: "a header with a placeholder could not be rebuilt".into() });
+            };
+            nv.set_sensitive(true);
+            *v = nv;
         }
-        let mut bytes = v.as_bytes().to_vec();
-        for s in secrets {
-            let ph = s.placeholder();
-            if !find(&bytes, ph.as_bytes()) {
-                continue;
-            }
-            match bound.iter().find(|(b, _)| b.name == s.name) {
-                Some(_) if any_glued(&bytes, ph.as_bytes()) => return Err(glued(&ph)),
-                Some((_, value)) => {
-                    bytes = replace(&bytes, ph.as_bytes(), value.as_bytes());
-                    out.used = true;
-                }
-                None => return Err(misuse(s, host, "headers")),
-            }
-        }
-        let Ok(mut nv) = HeaderValue::from_bytes(&bytes) else {
-            return Err(Misuse { hint: "a header with a placeholder could not be rebuilt".into() });
-        };
-        nv.set_sensitive(true);
-        *v = nv;
     }
 
     let pq = parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
     if find(pq.as_bytes(), prefix) {
         let (path, query) = pq.split_once('?').map_or((pq.as_str(), None), |(p, q)| (p, Some(q)));
-        let mut query = query.map(str::to_string);
-        for s in secrets {
-            let ph = s.placeholder();
-            let in_path = path.contains(&ph);
-            let in_query = query.as_deref().is_some_and(|q| q.contains(&ph));
-            if !in_path && !in_query {
-                continue;
-            }
-            let value = bound.iter().find(|(b, _)| b.name == s.name).map(|(_, v)| *v);
-            match value {
-                None => return Err(misuse(s, host, if in_path { "path" } else { "query" })),
-                Some(_) if in_path => {
-                    return Err(Misuse {
-                        hint: format!(
-                            "{ph} is replaced in headers, and in the query or body where configured, never in the path"
-                        ),
-                    });
-                }
-                Some(_) if !s.query => {
-                    return Err(Misuse {
-                        hint: format!("{ph} is in the query, but secrets name={:?} does not set query = true", s.name),
-                    });
-                }
-                Some(_) if query.as_deref().is_some_and(|q| any_glued(q.as_bytes(), ph.as_bytes())) => {
-                    return Err(glued(&ph));
-                }
-                Some(v) => {
-                    out.used = true;
-                    let escaped = crate::redact::percent_escape(v, true);
-                    query = query.map(|q| q.replace(&ph, &escaped));
-                    used(v, &mut out);
+        // The longest placeholder in the path names the secret (`_ORG` over its prefix).
+        let named = secrets.iter().enumerate().filter(|(_, s)| path.contains(&s.placeholder()));
+        if let Some((i, s)) = named.max_by_key(|(_, s)| s.name.len()) {
+            return Err(match bound[i] {
+                None => misuse(s, host, "path"),
+                Some(_) => Misuse {
+                    hint: format!(
+                        "{} is replaced in headers, and in the query or body where configured, never in the path",
+                        s.placeholder()
+                    ),
+                },
+            });
+        }
+        if let Some(query) = query {
+            let escaped: Vec<Option<String>> =
+                bound.iter().map(|v| v.map(|v| crate::redact::percent_escape(v, true))).collect();
+            let queries = swaps(&|i| match &escaped[i] {
+                Some(e) if secrets[i].query => Then::Write(e.clone().into_bytes()),
+                _ => Then::Refuse,
+            });
+            let done = substitute(query.as_bytes(), &queries).map_err(|stop| match stop {
+                Stop::Glued(i) => glued(&secrets[i]),
+                Stop::Refused(i) if bound[i].is_none() => misuse(&secrets[i], host, "query"),
+                Stop::Refused(i) => Misuse {
+                    hint: format!(
+                        "{} is in the query, but secrets name={:?} does not set query = true",
+                        secrets[i].placeholder(),
+                        secrets[i].name
+                    ),
+                },
+            })?;
+            for &i in &done.written {
+                out.used = true;
+                if let (Some(v), Some(e)) = (bound[i], &escaped[i]) {
+                    out.redact(v);
                     // An upstream that echoes its URL (a redirect, a next-page link)
                     // echoes the value as it was sent.
-                    used(&escaped, &mut out);
+                    out.redact(e);
                 }
             }
+            let query =
+                String::from_utf8(done.bytes).map_err(|_| Misuse { hint: "the URI could not be rebuilt".into() })?;
+            let mut uri = std::mem::take(&mut parts.uri).into_parts();
+            uri.path_and_query = format!("{path}?{query}").parse().ok();
+            parts.uri =
+                http::Uri::from_parts(uri).map_err(|_| Misuse { hint: "the URI could not be rebuilt".into() })?;
         }
-        let rebuilt = match query {
-            Some(q) => format!("{path}?{q}"),
-            None => path.to_string(),
-        };
-        let mut uri = std::mem::take(&mut parts.uri).into_parts();
-        uri.path_and_query = rebuilt.parse().ok();
-        parts.uri = http::Uri::from_parts(uri).map_err(|_| Misuse { hint: "the URI could not be rebuilt".into() })?;
     }
 
-    for (s, v) in bound.iter().filter(|_| has_body) {
-        if s.body {
-            out.body.push((s.placeholder(), v.to_string()));
-            used(v, &mut out);
+    let lent_in_body = |i: usize| has_body && secrets[i].body && bound[i].is_some();
+    if (0..secrets.len()).any(lent_in_body) {
+        out.body = swaps(&|i| match bound[i] {
+            Some(v) if lent_in_body(i) => Then::Write(v.as_bytes().to_vec()),
+            _ => Then::Keep,
+        });
+        for v in (0..secrets.len()).filter(|&i| lent_in_body(i)).filter_map(|i| bound[i]) {
+            out.redact(v);
         }
     }
     // JSON may escape `/` in what it echoes.
     for v in out.values.clone() {
         if v.contains('/') {
-            used(&v.replace('/', "\\/"), &mut out);
+            out.redact(&v.replace('/', "\\/"));
         }
     }
     Ok(out)
@@ -259,6 +263,22 @@ mod tests {
         only.policies = vec!["agents".into()];
         let mut p = parts("/", "Bearer EGRESS_SECRET_openai");
         assert!(swap(&mut p, &bound, "other", &[only], &values, false).is_err());
+        // One name the prefix of another: the longer wins, adjacent placeholders both
+        // swap, and a name bound elsewhere still refuses.
+        let two = vec![cfg("openai", "api.openai.com", false), cfg("openai_org", "api.openai.com", false)];
+        let both = HashMap::from([
+            ("openai".to_string(), Secret::new("sk-real")),
+            ("openai_org".to_string(), Secret::new("org-1")),
+        ]);
+        let mut p = parts("/", "EGRESS_SECRET_openai_orgEGRESS_SECRET_openai EGRESS_SECRET_openai");
+        swap(&mut p, &bound, "p", &two, &both, false).unwrap();
+        assert_eq!(p.headers["authorization"], "org-1sk-real sk-real");
+        let mut p = parts("/", "EGRESS_SECRET_openai_org");
+        let Err(e) = swap(&mut p, &evil, "p", &two, &both, false) else { panic!("sent to evil") };
+        assert!(e.hint.contains("\"openai_org\""), "{}", e.hint);
+        let mut p = parts("/EGRESS_SECRET_openai_org", "none");
+        let Err(e) = swap(&mut p, &evil, "p", &two, &both, false) else { panic!("sent to evil") };
+        assert!(e.hint.contains("\"openai_org\""), "{}", e.hint);
         // Unknown placeholder text passes untouched.
         let mut p = parts("/", "EGRESS_SECRET_unknown");
         assert!(!swap(&mut p, &evil, "p", &secrets, &values, false).unwrap().any());

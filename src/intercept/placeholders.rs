@@ -1,0 +1,484 @@
+//! Placeholders replaced in one pass, left to right, over a header value, a query or a
+//! streaming request body. At each place the longest placeholder that matches is taken
+//! (`EGRESS_SECRET_OPENAI_ORG` is not `EGRESS_SECRET_OPENAI` and `_ORG`), and each
+//! occurrence is judged by what the upstream will read before it: the bytes written so
+//! far, earlier values included. So no order of secrets hides an escape left open
+//! before a value, and a value right before a placeholder is not taken for padding the
+//! sandbox wrote ([`opens_escape`]).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How far back an unfinished escape before a placeholder is looked for.
+pub const ESCAPE_LOOKBACK: usize = 12;
+
+/// What goes where a placeholder was.
+#[derive(Clone)]
+pub enum Then {
+    /// Its value (as it is to be sent: escaped for a query).
+    Write(Vec<u8>),
+    /// The placeholder itself, untouched (a secret not lent through this part).
+    Keep,
+    /// Nothing: the request is refused ([`Stop::Refused`]), the caller says why.
+    Refuse,
+}
+
+/// One configured placeholder and what replaces it here.
+#[derive(Clone)]
+pub struct Swap {
+    pub placeholder: Vec<u8>,
+    pub then: Then,
+}
+
+/// Why a pass stopped, with the index of the placeholder in the caller's list.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The placeholder follows an unfinished escape ([`opens_escape`]).
+    Glued(usize),
+    /// Its [`Swap`] says [`Then::Refuse`].
+    Refused(usize),
+}
+
+/// A pass's output so far.
+#[derive(Default)]
+pub struct Output {
+    pub bytes: Vec<u8>,
+    /// Where the bytes after the last value written begin in `bytes`: the sandbox's own.
+    own_from: usize,
+    /// The placeholders written as values, by index (each once).
+    pub written: Vec<usize>,
+}
+
+impl Output {
+    /// Appends `input` with its placeholders replaced. With `more` (a body's chunk,
+    /// more to come), stops before a tail that could still become a placeholder and
+    /// returns how many bytes of `input` it took; otherwise takes all.
+    pub fn push(&mut self, input: &[u8], swaps: &[Swap], more: bool) -> Result<usize, Stop> {
+        let mut firsts = [false; 256];
+        for s in swaps {
+            if let Some(&b) = s.placeholder.first() {
+                firsts[usize::from(b)] = true;
+            }
+        }
+        let mut at = 0;
+        while at < input.len() {
+            let Some(next) = input[at..].iter().position(|&b| firsts[usize::from(b)]) else {
+                self.bytes.extend_from_slice(&input[at..]);
+                return Ok(input.len());
+            };
+            self.bytes.extend_from_slice(&input[at..at + next]);
+            at += next;
+            let rest = &input[at..];
+            if more && swaps.iter().any(|s| s.placeholder.len() > rest.len() && s.placeholder.starts_with(rest)) {
+                return Ok(at);
+            }
+            let longest = swaps
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.placeholder.is_empty() && rest.starts_with(&s.placeholder))
+                .max_by_key(|(_, s)| s.placeholder.len());
+            let Some((i, s)) = longest else {
+                self.bytes.push(rest[0]);
+                at += 1;
+                continue;
+            };
+            match &s.then {
+                Then::Refuse => return Err(Stop::Refused(i)),
+                Then::Keep => self.bytes.extend_from_slice(&s.placeholder),
+                Then::Write(value) => {
+                    if opens_escape(&self.bytes, self.own_from) {
+                        return Err(Stop::Glued(i));
+                    }
+                    self.bytes.extend_from_slice(value);
+                    self.own_from = self.bytes.len();
+                    if !self.written.contains(&i) {
+                        self.written.push(i);
+                    }
+                }
+            }
+            at += s.placeholder.len();
+        }
+        Ok(input.len())
+    }
+
+    /// Keeps only the last [`ESCAPE_LOOKBACK`] bytes: all a later check reads.
+    fn keep_lookback(&mut self) {
+        let cut = self.bytes.len().saturating_sub(ESCAPE_LOOKBACK);
+        self.bytes.drain(..cut);
+        self.own_from = self.own_from.saturating_sub(cut);
+    }
+}
+
+/// Whether `before` (what the upstream reads before a value) ends in an escape the
+/// value's first characters could complete ([`ends_in_escape`]), as written,
+/// percent-decoded once (`%25` is `%` to an upstream that decodes twice), or with
+/// `\u00XX` decoded (`\u005cu` is `\u` to one that reads JSON twice); or whether the
+/// sandbox's own bytes (from `own_from`, after the last value) fill the last
+/// [`ESCAPE_LOOKBACK`] bytes with characters an escape can run on with
+/// (`&#000000000000`: padding past what is looked at). A value right before is not
+/// such padding: what preceded it was judged when it was written.
+pub fn opens_escape(before: &[u8], own_from: usize) -> bool {
+    let from = before.len().saturating_sub(ESCAPE_LOOKBACK);
+    let window = &before[from..];
+    // A byte that is not ASCII right before (a Shift_JIS or GBK lead byte folds the
+    // next character into one), or a NUL near (UTF-16 text, which JSON readers detect).
+    if window.last().is_some_and(|b| !b.is_ascii()) || window.contains(&0) {
+        return true;
+    }
+    let own = &before[own_from.max(from)..];
+    if own.len() == ESCAPE_LOOKBACK && own.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'{' | b'#')) {
+        return true;
+    }
+    let decoded = percent_decoded(window);
+    ends_in_escape(window)
+        || ends_in_escape(&decoded)
+        || ends_in_escape(&unicode_unescaped(window))
+        || ends_in_escape(&unicode_unescaped(&decoded))
+}
+
+/// Whether `before` ends in an unfinished escape: `%`, `%h`, `%u` and up to three hex
+/// digits (URLs, IIS); `\` alone or with up to five hex digits (CSS, octal), `\u`/`\U`
+/// with fewer hex digits than they take, `\x` with any (C), `\u{`/`\x{`, `\N{` (JSON,
+/// JavaScript, Python, C, Java); `&#`, `&#x` with digits, or `&` alone or with letters
+/// (HTML, which reads a reference without its `;`).
+fn ends_in_escape(before: &[u8]) -> bool {
+    let from = before.len().saturating_sub(ESCAPE_LOOKBACK);
+    (from..before.len()).rev().any(|at| {
+        let tail = &before[at + 1..];
+        let hex = |t: &[u8]| t.iter().all(u8::is_ascii_hexdigit);
+        match before[at] {
+            b'%' => match tail {
+                [] => true,
+                [b'u' | b'U', rest @ ..] => rest.len() < 4 && hex(rest),
+                _ => tail.len() < 2 && hex(tail),
+            },
+            b'\\' => match tail {
+                [] => true,
+                [b'u' | b'x' | b'U' | b'X', b'{', rest @ ..] => hex(rest),
+                [b'N', b'{', rest @ ..] => !rest.contains(&b'}'),
+                [b'u', rest @ ..] => rest.len() < 4 && hex(rest),
+                [b'U', rest @ ..] => rest.len() < 8 && hex(rest),
+                [b'x' | b'X', rest @ ..] => hex(rest),
+                _ => tail.len() < 6 && hex(tail),
+            },
+            b'&' => match tail {
+                [b'#'] => true,
+                [b'#', b'x' | b'X', rest @ ..] => hex(rest),
+                [b'#', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+                // `&` and letters, or `&` alone: the value's own first letters could
+                // spell a reference (`lt`, `not`, `amp`).
+                _ => tail.iter().all(u8::is_ascii_alphabetic),
+            },
+            _ => false,
+        }
+    })
+}
+
+/// `bytes` with each `%XX` decoded once.
+fn percent_decoded(bytes: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) =
+                (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+/// `bytes` with each `\u00XX` (an ASCII character, as JSON writes one) decoded.
+fn unicode_unescaped(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = bytes
+            .get(i..i + 6)
+            .filter(|w| w.starts_with(b"\\u00"))
+            .and_then(|w| std::str::from_utf8(&w[4..]).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok())
+            .filter(u8::is_ascii);
+        if let Some(code) = code {
+            out.push(code);
+            i += 6;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+/// A request body with its placeholders replaced as it streams ([`Output::push`]): only
+/// a tail that could still become a placeholder is held back between chunks. A
+/// placeholder glued to an unfinished escape ends the body with an error, so the
+/// upstream never gets a request that looks complete.
+pub struct SubstituteBody<B> {
+    inner: B,
+    swaps: Vec<Swap>,
+    /// Input not yet taken: it could be the start of a placeholder.
+    carry: BytesMut,
+    /// The last bytes written (for the next check), and where the sandbox's own begin.
+    out: Output,
+    done: bool,
+    /// Trailers that came while bytes were held back: the held bytes go out first.
+    trailers: Option<Frame<Bytes>>,
+}
+
+impl<B> SubstituteBody<B> {
+    pub fn new(inner: B, swaps: Vec<Swap>) -> Self {
+        SubstituteBody { inner, swaps, carry: BytesMut::new(), out: Output::default(), done: false, trailers: None }
+    }
+
+    /// Runs the held input and `data` through the pass: the bytes to send now.
+    fn take(&mut self, data: &[u8], more: bool) -> Result<Bytes, BoxError> {
+        let mut input = std::mem::take(&mut self.carry);
+        input.extend_from_slice(data);
+        let kept = self.out.bytes.len();
+        let taken = self.out.push(&input, &self.swaps, more).map_err(|_| {
+            self.done = true;
+            BoxError::from("a placeholder follows an unfinished escape in the body")
+        })?;
+        self.carry = BytesMut::from(&input[taken..]);
+        // The bytes before `kept` went out with an earlier chunk.
+        let now = Bytes::copy_from_slice(&self.out.bytes[kept..]);
+        self.out.keep_lookback();
+        Ok(now)
+    }
+}
+
+impl<B> Body for SubstituteBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(trailers) = self.trailers.take() {
+            return Poll::Ready(Some(Ok(trailers)));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(self.take(&data, true).map(Frame::data))),
+                // Trailers end the body: the bytes held back go out first.
+                Err(frame) if self.carry.is_empty() => Poll::Ready(Some(Ok(frame))),
+                Err(frame) => {
+                    let rest = self.take(&[], false);
+                    if rest.is_ok() {
+                        self.trailers = Some(frame);
+                    }
+                    Poll::Ready(Some(rest.map(Frame::data)))
+                }
+            },
+            Poll::Ready(None) => {
+                self.done = true;
+                if self.carry.is_empty() {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Ready(Some(self.take(&[], false).map(Frame::data)))
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(placeholder: &str, value: &str) -> Swap {
+        Swap { placeholder: placeholder.into(), then: Then::Write(value.into()) }
+    }
+
+    fn substitute(input: &[u8], swaps: &[Swap]) -> Result<Vec<u8>, Stop> {
+        let mut out = Output::default();
+        assert_eq!(out.push(input, swaps, false)?, input.len());
+        Ok(out.bytes)
+    }
+
+    #[test]
+    fn a_placeholder_inside_an_unfinished_escape_is_glued() {
+        let glued = |before: &str| {
+            let input = format!("{before}EGRESS_SECRET_k");
+            match substitute(input.as_bytes(), &[write("EGRESS_SECRET_k", "v")]) {
+                Err(Stop::Glued(0)) => true,
+                Ok(out) => {
+                    assert_eq!(out, format!("{before}v").into_bytes());
+                    false
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        };
+        for open in [
+            "%",
+            "%4",
+            "%u",
+            "%u3f",
+            "\\",
+            "\\u",
+            "\\u3",
+            "\\u3f9",
+            "\\U0001",
+            "\\x",
+            "\\x4",
+            "\\x41414",
+            "\\u{",
+            "\\x{1",
+            "\\N{",
+            "\\1",
+            "\\12",
+            "&#",
+            "&#x",
+            "&#x3f",
+            "&#12",
+            "a=\\u",
+            "\\0000",
+            "\\a",
+            "\\123",
+            "&sup",
+            "a&",
+            "v=\u{82}",
+            "{\0\"\0v\0\"\0",
+            "&time",
+            "%25",
+            "%5Cu",
+            "\\u005cu",
+            "v=%5Cu3",
+            "&#000000000000",
+            "x&#0000000000",
+        ] {
+            assert!(glued(open), "{open:?}");
+        }
+        for done in [
+            "", "x=", "%20", "%41", "%u3f9a", "\\u3f9a", "\\n", "\\\"", "&amp;", "Bearer ", "\\N{DOT}", "key=abc",
+            "a&b=",
+        ] {
+            assert!(!glued(done), "{done:?}");
+        }
+    }
+
+    #[test]
+    fn the_longest_placeholder_wins_whatever_the_order() {
+        let short = write("EGRESS_SECRET_OPENAI", "sk-a");
+        let long = write("EGRESS_SECRET_OPENAI_ORG", "org-b");
+        let input = b"x EGRESS_SECRET_OPENAI_ORG EGRESS_SECRET_OPENAI_ EGRESS_SECRET_OPENAI";
+        for swaps in [[short.clone(), long.clone()], [long, short]] {
+            assert_eq!(substitute(input, &swaps).unwrap(), b"x org-b sk-a_ sk-a");
+        }
+    }
+
+    #[test]
+    fn a_value_before_a_placeholder_is_judged_as_sent_and_is_not_padding() {
+        let a = |v: &str| write("EGRESS_SECRET_a", v);
+        let b = write("EGRESS_SECRET_b", "B");
+        // Back to back, after a value ending in twelve alphanumerics: the sandbox wrote
+        // no padding (was refused before).
+        let long = "sk0123456789abcdef";
+        for swaps in [[a(long), b.clone()], [b.clone(), a(long)]] {
+            assert_eq!(substitute(b"EGRESS_SECRET_aEGRESS_SECRET_b", &swaps).unwrap(), format!("{long}B").as_bytes());
+        }
+        // A value ending in an escape opener glues the next whatever the secrets'
+        // order (the second order used to see the placeholder's text, not the value).
+        for swaps in [[a("k%"), b.clone()], [b.clone(), a("k%")]] {
+            let i = if matches!(swaps[0].then, Then::Write(ref v) if v == b"B") { 0 } else { 1 };
+            assert_eq!(substitute(b"EGRESS_SECRET_aEGRESS_SECRET_b", &swaps), Err(Stop::Glued(i)));
+        }
+        // Padding the sandbox writes after a value still counts, but only its own bytes.
+        let swaps = [a(long), b];
+        assert_eq!(substitute(b"EGRESS_SECRET_a000000000000EGRESS_SECRET_b", &swaps), Err(Stop::Glued(1)));
+        assert!(substitute(b"EGRESS_SECRET_a00000000000EGRESS_SECRET_b", &swaps).is_ok());
+        // What came before the first value was judged when it was written.
+        assert_eq!(substitute(b"&#EGRESS_SECRET_aEGRESS_SECRET_b", &swaps), Err(Stop::Glued(0)));
+    }
+
+    #[test]
+    fn kept_and_refused_placeholders() {
+        let swaps = [
+            write("EGRESS_SECRET_a", "A"),
+            Swap { placeholder: b"EGRESS_SECRET_k".to_vec(), then: Then::Keep },
+            Swap { placeholder: b"EGRESS_SECRET_r".to_vec(), then: Then::Refuse },
+        ];
+        assert_eq!(substitute(b"EGRESS_SECRET_k EGRESS_SECRET_a", &swaps).unwrap(), b"EGRESS_SECRET_k A");
+        assert_eq!(substitute(b"EGRESS_SECRET_a EGRESS_SECRET_r", &swaps), Err(Stop::Refused(2)));
+        assert_eq!(substitute(b"EGRESS_SECRET_unknown", &swaps).unwrap(), b"EGRESS_SECRET_unknown");
+    }
+
+    /// A body that yields the given chunks, in order.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    async fn streamed(input: &[u8], cuts: &[usize], swaps: &[Swap]) -> Result<Vec<u8>, String> {
+        use http_body_util::BodyExt;
+        let mut chunks = std::collections::VecDeque::new();
+        let mut from = 0;
+        for &cut in cuts.iter().chain([&input.len()]) {
+            chunks.push_back(Bytes::copy_from_slice(&input[from..cut]));
+            from = cut;
+        }
+        let body = SubstituteBody::new(Chunks(chunks), swaps.to_vec());
+        body.collect().await.map(|c| c.to_bytes().to_vec()).map_err(|e| e.to_string())
+    }
+
+    #[tokio::test]
+    async fn a_streamed_body_gets_what_one_pass_gives_wherever_it_is_cut() {
+        let swaps = [
+            write("EGRESS_SECRET_OPENAI", "sk-a"),
+            write("EGRESS_SECRET_OPENAI_ORG", "org-b"),
+            Swap { placeholder: b"EGRESS_SECRET_k".to_vec(), then: Then::Keep },
+        ];
+        for input in [
+            &b"{\"k\":\"EGRESS_SECRET_OPENAI\",\"o\":\"EGRESS_SECRET_OPENAI_ORG\"} EGRESS_SECRET_k"[..],
+            b"EGRESS_SECRET_OPENAIEGRESS_SECRET_OPENAI",
+            b"tail EGRESS_SECRET_OPENAI",
+            b"EGRESS_SECRET_OPENAI_OR",
+            b"%EGRESS_SECRET_OPENAI",
+            b"%2EGRESS_SECRET_OPENAI_ORG",
+            b"x=000000000000EGRESS_SECRET_OPENAI",
+        ] {
+            let whole = substitute(input, &swaps);
+            for a in 0..=input.len() {
+                for b in a..=input.len() {
+                    let got = streamed(input, &[a, b], &swaps).await;
+                    match &whole {
+                        Ok(w) => assert_eq!(
+                            got.as_deref(),
+                            Ok(&w[..]),
+                            "{:?} cut at {a}, {b}",
+                            String::from_utf8_lossy(input)
+                        ),
+                        Err(_) => assert!(got.is_err(), "{:?} cut at {a}, {b}", String::from_utf8_lossy(input)),
+                    }
+                }
+            }
+        }
+    }
+}
