@@ -7,6 +7,7 @@
 //! the request on over a verified TLS connection from the sandbox's own pool.
 
 pub mod ca;
+pub mod charset;
 pub mod github_api;
 pub mod placeholders;
 pub mod request;

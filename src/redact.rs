@@ -50,7 +50,8 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
 /// encoders write it (`\"` and `\\`; with `\/`; with `<>&` as `\u003c`, as Go does;
 /// every other byte but letters and digits as `\u00XX`, in either case of hex),
 /// percent-encoded (every byte but the unreserved ones, or also leaving raw what
-/// Python's, JavaScript's and Go's encoders leave raw; either case of hex), and in
+/// Python's, JavaScript's and Go's encoders leave raw; either case of hex), as HTML
+/// character references (all, or what Go's and Python's escapers write), and in
 /// upper or lower case. Each is redacted like the raw value. Other re-encodings
 /// (base64, hex of the whole value) are not recognised.
 pub fn echo_forms(secret: &str) -> Vec<String> {
@@ -81,6 +82,29 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
             add(percent_escape_keeping(secret, upper, keep));
         }
     }
+    // HTML character references: every byte but letters, digits and `-_.` in decimal or
+    // hex; what Go's html/template writes (`"'&+<>`) and what Python's html.escape does.
+    let referenced = |c: char| !c.is_ascii_alphanumeric() && !"-_.".contains(c);
+    add(json(&|c| referenced(c).then(|| format!("&#{};", c as u32))));
+    add(json(&|c| referenced(c).then(|| format!("&#x{:x};", c as u32))));
+    add(json(&|c| referenced(c).then(|| format!("&#x{:X};", c as u32))));
+    let named = |c: char| match c {
+        '&' => Some("&amp;".to_string()),
+        '<' => Some("&lt;".into()),
+        '>' => Some("&gt;".into()),
+        _ => None,
+    };
+    add(json(&|c| match c {
+        '"' => Some("&#34;".into()),
+        '\'' => Some("&#39;".into()),
+        '+' => Some("&#43;".into()),
+        _ => named(c),
+    }));
+    add(json(&|c| match c {
+        '"' => Some("&quot;".into()),
+        '\'' => Some("&#x27;".into()),
+        _ => named(c),
+    }));
     add(secret.to_ascii_uppercase());
     add(secret.to_ascii_lowercase());
     // Read as a form (`+` is a space) and echoed back.
@@ -288,11 +312,16 @@ mod tests {
             "sk/a%2bb%3d",
             // A form body read back: `+` became a space.
             "sk/a b=",
+            // HTML: every reference, and Go's html/template (`+` only).
+            "sk&#47;a&#43;b&#61;",
+            "sk&#x2f;a&#x2b;b&#x3d;",
+            "sk&#x2F;a&#x2B;b&#x3D;",
+            "sk/a&#43;b=",
         ] {
             assert!(forms.iter().any(|f| f == form), "{form} in {forms:?}");
         }
         let go = echo_forms("k<&>\"\\");
-        for form in ["k\\u003c\\u0026\\u003e\\\"\\\\", "k<&>\\\"\\\\", "K<&>\"\\"] {
+        for form in ["k\\u003c\\u0026\\u003e\\\"\\\\", "k<&>\\\"\\\\", "K<&>\"\\", "k&lt;&amp;&gt;&quot;\\"] {
             assert!(go.iter().any(|f| f == form), "{form} in {go:?}");
         }
     }

@@ -5,6 +5,7 @@
 
 mod support;
 
+use base64::Engine;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -334,6 +335,16 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let expected_len = format!("key={SECRET}").len();
     assert!(r.body.contains(&format!("\"body_len\":{expected_len}")), "{}", r.body);
 
+    // Inside Basic credentials, as `curl -u` sends them: encoded again, and the
+    // echoed header redacted.
+    let r = curl(&w, &w.gw_ca, &["-u", "user:EGRESS_SECRET_openai"], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = w.origin.recorded().pop().unwrap();
+    let got = seen.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone());
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{SECRET}"));
+    assert_eq!(got, Some(format!("Basic {basic}")));
+    assert!(!r.body.contains(&basic) && r.body.contains("Basic [REDACTED]"), "{}", r.body);
+
     // Not inside a body under a content coding: what the gateway reads there is not
     // what the upstream decodes.
     let encoded = ["-H", "content-encoding: br", "--data", "key=EGRESS_SECRET_openai"];
@@ -345,8 +356,35 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     // upstream would read `\u` and the value's first four characters as one.
     // (The body streams: the head may have gone, the body stops before the value.)
     let r = curl(&w, &w.gw_ca, &["--data", r#"{"v":"\uEGRESS_SECRET_openai"}"#], &url("inspect.test", "/echo"));
-    assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("unfinished escape"), "{}", r.body);
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: secret_not_allowed"), "{}", r.headers);
+    assert!(r.body.contains("EGRESS_SECRET_openai in the body follows an unfinished escape"), "{}", r.body);
+    // Nor where the upstream could read the value in another charset: its bytes would
+    // come back as other characters, past the redactor. Declared in the head, in a
+    // multipart part, or sniffed from UTF-16 JSON padded past the escape check.
+    let mut utf16: Vec<u8> = r#"{"v":""#.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    utf16.extend(b"++++++++++++EGRESS_SECRET_openai");
+    let utf16_file = w._dir.path().join("utf16.json");
+    std::fs::write(&utf16_file, &utf16).unwrap();
+    let utf16_arg = format!("@{}", utf16_file.display());
+    let part = "--b\r\nContent-Disposition: form-data; name=k\r\nContent-Type: text/plain; charset=utf-16le\r\n\r\nEGRESS_SECRET_openai\r\n--b--\r\n";
+    for args in [
+        &["-H", "Content-Type: text/plain; charset=utf-16le", "--data-binary", "EGRESS_SECRET_openai"][..],
+        &["-H", "Content-Type: application/json", "--data-binary", &utf16_arg],
+        &["-H", "Content-Type: multipart/form-data; boundary=b", "--data-binary", part],
+    ] {
+        let r = curl(&w, &w.gw_ca, args, &url("inspect.test", "/echo"));
+        assert_eq!(r.status, 403, "{args:?}: {}", r.body);
+        assert!(r.body.contains("charset other than UTF-8"), "{args:?}: {}", r.body);
+    }
+    // UTF-8, declared or not, is the value's own bytes.
+    let r = curl(
+        &w,
+        &w.gw_ca,
+        &["-H", "Content-Type: text/plain; charset=UTF-8", "--data-binary", "EGRESS_SECRET_openai"],
+        &url("inspect.test", "/echo"),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
 
     // In the query (query = true), swapped escaped; an upstream echoing its URL echoes
     // the escaped value, which is redacted too.
@@ -840,6 +878,17 @@ fn lint_suggest_and_replay_understand_request_rules() {
     assert!(lint.contains("no request rule allows anything on it"), "{lint}");
     assert!(lint.contains("intercept.never lists this host"), "{lint}");
     assert!(!lint.contains("is not in policies.a.inspect"), "{lint}");
+    assert!(!lint.contains("uninspected"), "every policy inspects the host secrets are bound to: {lint}");
+    // A policy that tunnels to that host uninspected: a value stored there comes back
+    // unredacted through the tunnel.
+    let extra = cfg.parent().unwrap().join("policy/tunnel.toml");
+    std::fs::write(&extra, "[policies.c]\nallow = [\"inspect.test\"]\n").unwrap();
+    let (_, lint) = cli(&["policy", "lint", "--config", cfg.to_str().unwrap()]);
+    std::fs::remove_file(&extra).unwrap();
+    assert!(
+        lint.contains("policies.c.allow \"inspect.test\": tunnels to inspect.test uninspected, where secrets name=\"openai\" is bound"),
+        "{lint}"
+    );
 
     let url = format!("https://inspect.test:{}/other/path?secret=1", w.origin.port());
     assert_eq!(curl(&w, &w.gw_ca, &[], &url).status, 403);

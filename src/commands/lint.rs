@@ -138,6 +138,7 @@ fn lint_policy(cfg: &Config, policy: &Policy, out: &mut Vec<Warning>) {
     }
     let has_repos = policy.rules().iter().any(|r| r.list == RuleList::GitRepos);
     lint_inspection(cfg, policy, has_repos, &warn, out);
+    lint_secret_tunnels(cfg, policy, &rules, &warn, out);
     if !has_repos && let Some(push) = policy.rules().iter().find(|r| r.list == RuleList::GitPush) {
         warn(out, push, "git.push without git.repos: no repository can be pushed to".into());
     }
@@ -216,6 +217,52 @@ fn lint_inspection(
             .any(|rule| rule.pattern.matches(&host));
         if !inspected {
             warn(out, src, format!("{host} is not in policies.{}.inspect: this rule is never applied", policy.name()));
+        }
+    }
+}
+
+/// Allow rules (and `allow_all`) that tunnel, uninspected, to a host with secret values
+/// bound to it: a value one sandbox stored there through an inspected request comes
+/// back unredacted through the tunnel.
+fn lint_secret_tunnels(
+    cfg: &Config,
+    policy: &Policy,
+    rules: &[(&RuleSource, Option<Rule>)],
+    warn: &dyn Fn(&mut Vec<Warning>, &RuleSource, String),
+    out: &mut Vec<Warning>,
+) {
+    let inspects = |host: &crate::addr::Host| {
+        cfg.intercept.as_ref().is_some_and(|i| !i.never_inspects(host))
+            && policy
+                .rules()
+                .iter()
+                .filter(|s| s.list == RuleList::Inspect)
+                .filter_map(|s| parse_rule(&s.text).ok())
+                .any(|rule| rule.pattern.matches(host))
+    };
+    for secret in &cfg.secrets {
+        for host in secret.hosts.iter().filter_map(|(p, _)| example_name(p)) {
+            if inspects(&host) {
+                continue;
+            }
+            let allowed = rules.iter().find(|(src, rule)| {
+                src.list == RuleList::Allow
+                    && rule.as_ref().is_some_and(|r| {
+                        r.pattern.matches(&host) || example_name(&r.pattern).is_some_and(|h| secret.on_host_name(&h))
+                    })
+            });
+            let all = || policy.rules().iter().find(|r| r.list == RuleList::AllowAll);
+            if let Some(src) = allowed.map(|(src, _)| *src).or_else(all) {
+                warn(
+                    out,
+                    src,
+                    format!(
+                        "tunnels to {host} uninspected, where secrets name={:?} is bound: a value stored there \
+                         comes back unredacted through the tunnel; inspect {host} in this policy",
+                        secret.name
+                    ),
+                );
+            }
         }
     }
 }

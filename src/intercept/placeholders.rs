@@ -7,10 +7,13 @@
 //! sandbox wrote ([`opens_escape`]).
 
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
+
+use super::charset::Charset;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,6 +45,9 @@ pub enum Stop {
     Glued(usize),
     /// Its [`Swap`] says [`Then::Refuse`].
     Refused(usize),
+    /// The bytes before it may make the upstream read the value in another charset
+    /// ([`Charset`]).
+    Foreign(usize),
 }
 
 /// A pass's output so far.
@@ -52,6 +58,8 @@ pub struct Output {
     own_from: usize,
     /// The placeholders written as values, by index (each once).
     pub written: Vec<usize>,
+    /// What the sandbox's bytes say of the charset the value would be read in.
+    pub charset: Charset,
 }
 
 impl Output {
@@ -68,10 +76,10 @@ impl Output {
         let mut at = 0;
         while at < input.len() {
             let Some(next) = input[at..].iter().position(|&b| firsts[usize::from(b)]) else {
-                self.bytes.extend_from_slice(&input[at..]);
+                self.own(&input[at..]);
                 return Ok(input.len());
             };
-            self.bytes.extend_from_slice(&input[at..at + next]);
+            self.own(&input[at..at + next]);
             at += next;
             let rest = &input[at..];
             if more && swaps.iter().any(|s| s.placeholder.len() > rest.len() && s.placeholder.starts_with(rest)) {
@@ -83,16 +91,19 @@ impl Output {
                 .filter(|(_, s)| !s.placeholder.is_empty() && rest.starts_with(&s.placeholder))
                 .max_by_key(|(_, s)| s.placeholder.len());
             let Some((i, s)) = longest else {
-                self.bytes.push(rest[0]);
+                self.own(&rest[..1]);
                 at += 1;
                 continue;
             };
             match &s.then {
                 Then::Refuse => return Err(Stop::Refused(i)),
-                Then::Keep => self.bytes.extend_from_slice(&s.placeholder),
+                Then::Keep => self.own(&s.placeholder),
                 Then::Write(value) => {
                     if opens_escape(&self.bytes, self.own_from) {
                         return Err(Stop::Glued(i));
+                    }
+                    if self.charset.foreign() {
+                        return Err(Stop::Foreign(i));
                     }
                     self.bytes.extend_from_slice(value);
                     self.own_from = self.bytes.len();
@@ -104,6 +115,12 @@ impl Output {
             at += s.placeholder.len();
         }
         Ok(input.len())
+    }
+
+    /// Appends bytes of the sandbox's own (not a value).
+    fn own(&mut self, bytes: &[u8]) {
+        self.charset.feed(bytes);
+        self.bytes.extend_from_slice(bytes);
     }
 
     /// Keeps only the last [`ESCAPE_LOOKBACK`] bytes: all a later check reads.
@@ -221,10 +238,27 @@ fn unicode_unescaped(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Why the pass refused the placeholder `stop` names, in words for the client.
+pub fn why(stop: &Stop, swaps: &[Swap], place: &str) -> String {
+    let (Stop::Glued(i) | Stop::Refused(i) | Stop::Foreign(i)) = *stop;
+    let ph = swaps.get(i).map_or_else(String::new, |s| String::from_utf8_lossy(&s.placeholder).into_owned());
+    match stop {
+        Stop::Glued(_) => format!(
+            "{ph} in the {place} follows an unfinished escape (%, \\u, \\x, &#): an upstream that decodes it would \
+             alter the value; the request was not sent"
+        ),
+        Stop::Foreign(_) => format!(
+            "{ph} in the {place} could be read in a charset other than UTF-8 (a charset= other than utf-8 before it, \
+             a NUL, or a UTF-16 byte order mark): the value would turn into other characters; the request was not sent"
+        ),
+        Stop::Refused(_) => format!("{ph} may not go in the {place}; the request was not sent"),
+    }
+}
+
 /// A request body with its placeholders replaced as it streams ([`Output::push`]): only
 /// a tail that could still become a placeholder is held back between chunks. A
-/// placeholder glued to an unfinished escape ends the body with an error, so the
-/// upstream never gets a request that looks complete.
+/// placeholder the pass refuses ends the body with an error, so the upstream never
+/// gets a request that looks complete; why is left in `refused` for the answer.
 pub struct SubstituteBody<B> {
     inner: B,
     swaps: Vec<Swap>,
@@ -235,11 +269,15 @@ pub struct SubstituteBody<B> {
     done: bool,
     /// Trailers that came while bytes were held back: the held bytes go out first.
     trailers: Option<Frame<Bytes>>,
+    refused: Arc<OnceLock<String>>,
 }
 
 impl<B> SubstituteBody<B> {
-    pub fn new(inner: B, swaps: Vec<Swap>) -> Self {
-        SubstituteBody { inner, swaps, carry: BytesMut::new(), out: Output::default(), done: false, trailers: None }
+    /// `declared`: what the request's head says of the body's charset
+    /// ([`charset::declared`](super::charset::declared)).
+    pub fn new(inner: B, swaps: Vec<Swap>, declared: Charset, refused: Arc<OnceLock<String>>) -> Self {
+        let out = Output { charset: declared, ..Output::default() };
+        SubstituteBody { inner, swaps, carry: BytesMut::new(), out, done: false, trailers: None, refused }
     }
 
     /// Runs the held input and `data` through the pass: the bytes to send now.
@@ -247,9 +285,11 @@ impl<B> SubstituteBody<B> {
         let mut input = std::mem::take(&mut self.carry);
         input.extend_from_slice(data);
         let kept = self.out.bytes.len();
-        let taken = self.out.push(&input, &self.swaps, more).map_err(|_| {
+        let taken = self.out.push(&input, &self.swaps, more).map_err(|stop| {
             self.done = true;
-            BoxError::from("a placeholder follows an unfinished escape in the body")
+            let why = why(&stop, &self.swaps, "body");
+            let _ = self.refused.set(why.clone());
+            BoxError::from(why)
         })?;
         self.carry = BytesMut::from(&input[taken..]);
         // The bytes before `kept` went out with an earlier chunk.
@@ -411,6 +451,26 @@ mod tests {
     }
 
     #[test]
+    fn a_value_that_could_be_read_in_another_charset_is_not_written() {
+        let swaps = [write("EGRESS_SECRET_a", "A")];
+        // UTF-16 JSON padded past the escape check's window with `+` (U+2B2B).
+        let utf16 = b"{\0\"\0k\0\"\0:\0\"\0++++++++++++EGRESS_SECRET_a";
+        assert_eq!(substitute(utf16, &swaps), Err(Stop::Foreign(0)));
+        let part = b"--b\r\nContent-Type: text/plain; charset=utf-7\r\n\r\nEGRESS_SECRET_a";
+        assert_eq!(substitute(part, &swaps), Err(Stop::Foreign(0)));
+        assert!(substitute(b"charset=utf-8\r\n\r\nEGRESS_SECRET_a", &swaps).is_ok());
+        // What the head declared counts from the first byte.
+        let mut out = Output {
+            charset: crate::intercept::charset::declared([&b"text/plain; charset=utf-16le"[..]]),
+            ..Output::default()
+        };
+        assert_eq!(out.push(b"EGRESS_SECRET_a", &swaps, false), Err(Stop::Foreign(0)));
+        // A value written is not read for a declaration: only the sandbox's bytes are.
+        let kept = [write("EGRESS_SECRET_a", "charset=utf-16 "), write("EGRESS_SECRET_b", "B")];
+        assert_eq!(substitute(b"EGRESS_SECRET_a EGRESS_SECRET_b", &kept).unwrap(), b"charset=utf-16  B");
+    }
+
+    #[test]
     fn kept_and_refused_placeholders() {
         let swaps = [
             write("EGRESS_SECRET_a", "A"),
@@ -444,8 +504,12 @@ mod tests {
             chunks.push_back(Bytes::copy_from_slice(&input[from..cut]));
             from = cut;
         }
-        let body = SubstituteBody::new(Chunks(chunks), swaps.to_vec());
-        body.collect().await.map(|c| c.to_bytes().to_vec()).map_err(|e| e.to_string())
+        let refused = Arc::new(OnceLock::new());
+        let body = SubstituteBody::new(Chunks(chunks), swaps.to_vec(), Charset::default(), refused.clone());
+        let got = body.collect().await.map(|c| c.to_bytes().to_vec()).map_err(|e| e.to_string());
+        // The reason left for the answer is the body's error.
+        assert_eq!(got.as_ref().err(), refused.get());
+        got
     }
 
     #[tokio::test]
@@ -463,6 +527,8 @@ mod tests {
             b"%EGRESS_SECRET_OPENAI",
             b"%2EGRESS_SECRET_OPENAI_ORG",
             b"x=000000000000EGRESS_SECRET_OPENAI",
+            b"charset=utf-16 EGRESS_SECRET_OPENAI",
+            b"\0EGRESS_SECRET_OPENAI",
         ] {
             let whole = substitute(input, &swaps);
             for a in 0..=input.len() {

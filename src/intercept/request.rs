@@ -247,8 +247,13 @@ pub async fn handle(
             && (buffered.is_some() || body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b))),
     ) {
         Ok(s) => s,
-        Err(m) => {
+        Err(m) if m.elsewhere => {
             tracing::warn!(sandbox = %identity.sandbox, target = %rec.target, "a secret placeholder was sent to a host it is not bound to");
+            drain_rest(body.take(), door).await;
+            return finish(&mut rec, DenyReason::SecretNotAllowed, None, &m.hint, Entry::Identified);
+        }
+        Err(m) => {
+            tracing::info!(sandbox = %identity.sandbox, target = %rec.target, "a secret placeholder was refused where it stood");
             drain_rest(body.take(), door).await;
             return finish(&mut rec, DenyReason::SecretNotAllowed, None, &m.hint, Entry::Identified);
         }
@@ -280,8 +285,13 @@ pub async fn handle(
     let mut body: ProxyBody =
         Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)
             .boxed_unsync();
+    // Why a placeholder in the body was refused, if it was: the upstream saw the
+    // body end in an error, whatever protocol reports that.
+    let refused_in_body = Arc::new(std::sync::OnceLock::new());
     if !swapped.body.is_empty() {
-        body = placeholders::SubstituteBody::new(body, swapped.body.clone()).boxed_unsync();
+        let declared = swapped.declared.clone();
+        body = placeholders::SubstituteBody::new(body, swapped.body.clone(), declared, refused_in_body.clone())
+            .boxed_unsync();
     }
 
     // Over HTTP/2 the URI's authority becomes `:authority`, the one name sent (no
@@ -327,6 +337,9 @@ pub async fn handle(
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
         Some(Ok(r)) => r,
+        Some(Err(_)) if let Some(hint) = refused_in_body.get() => {
+            return finish(&mut rec, DenyReason::SecretNotAllowed, None, hint, Entry::Identified);
+        }
         Some(Err(_)) if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() => {
             return door::refuse(&mut rec, door::Refusal::budget(spent), Entry::Identified);
         }

@@ -6,13 +6,15 @@
 
 use std::collections::HashMap;
 
+use base64::Engine;
 use http::HeaderValue;
 
 use crate::addr::Target;
 use crate::config::{PLACEHOLDER_PREFIX, SecretConfig};
 use crate::secret::Secret;
 
-use super::placeholders::{Output, Stop, Swap, Then};
+use super::charset::{self, Charset};
+use super::placeholders::{Output, Stop, Swap, Then, why};
 
 /// What was put in place of placeholders, and what every response from the host is
 /// redacted of: every value bound to it for this sandbox (a value swapped in by one
@@ -25,6 +27,8 @@ pub struct Swapped {
     /// empty unless a secret bound here has `body = true`; then every configured
     /// placeholder, the others kept as they are.
     pub body: Vec<Swap>,
+    /// What the head says of the body's charset (its `Content-Type`), when `body` is set.
+    pub declared: Charset,
     /// A placeholder was replaced in the head (headers or query).
     pub used: bool,
 }
@@ -51,6 +55,8 @@ impl Swapped {
 #[derive(Debug)]
 pub struct Misuse {
     pub hint: String,
+    /// For the log: the placeholder was headed elsewhere, or refused where it stood.
+    pub elsewhere: bool,
 }
 
 fn misuse(s: &SecretConfig, host: &Target, place: &str) -> Misuse {
@@ -60,17 +66,23 @@ fn misuse(s: &SecretConfig, host: &Target, place: &str) -> Misuse {
             s.placeholder(),
             s.name
         ),
+        elsewhere: true,
     }
 }
 
-fn glued(s: &SecretConfig) -> Misuse {
-    Misuse {
-        hint: format!(
-            "{} follows an unfinished escape (%, \\u, \\x, &#): an upstream that decodes it would alter the value; \
-             the request was not sent",
-            s.placeholder()
-        ),
+/// A placeholder on its own host, refused where it stands.
+fn here(hint: String) -> Misuse {
+    Misuse { hint, elsewhere: false }
+}
+
+/// The decoded `user:password` of `Basic` credentials.
+fn basic_credentials(value: &[u8]) -> Option<Vec<u8>> {
+    let value = value.trim_ascii();
+    let (scheme, rest) = value.split_at(value.iter().position(|&b| b == b' ')?);
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return None;
     }
+    base64::engine::general_purpose::STANDARD.decode(rest.trim_ascii()).ok()
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> bool {
@@ -107,7 +119,8 @@ pub fn swap(
         .collect();
     // Every value bound to the host is redacted from its answers, whichever policies
     // may lend it: a value one sandbox stored upstream must not come back to another.
-    for s in secrets.iter().filter(|s| s.on_host(host)) {
+    // On any port: a value stored through one port is read back through another.
+    for s in secrets.iter().filter(|s| s.on_host_name(&host.host)) {
         if let Some(v) = values.get(&s.name) {
             out.redact(v.expose());
         }
@@ -125,16 +138,36 @@ pub fn swap(
         let heads = swaps(&|i| bound[i].map_or(Then::Refuse, |v| Then::Write(v.as_bytes().to_vec())));
         for v in parts.headers.values_mut().filter(|v| find(v.as_bytes(), prefix)) {
             let done = substitute(v.as_bytes(), &heads).map_err(|stop| match stop {
-                Stop::Glued(i) => glued(&secrets[i]),
                 Stop::Refused(i) => misuse(&secrets[i], host, "headers"),
+                other => here(why(&other, &heads, "headers")),
             })?;
             out.used |= !done.written.is_empty();
             let Ok(mut nv) = HeaderValue::from_bytes(&done.bytes) else {
-                return Err(Misuse { hint: "a header with a placeholder could not be rebuilt".into() });
+                return Err(here("a header with a placeholder could not be rebuilt".into()));
             };
             nv.set_sensitive(true);
             *v = nv;
         }
+    }
+
+    // `Basic` credentials are `user:password` in base64 (`curl -u user:EGRESS_SECRET_X`):
+    // the placeholder is replaced inside, and the whole encoded again.
+    for (_, v) in parts.headers.iter_mut().filter(|(k, _)| **k == http::header::AUTHORIZATION) {
+        let Some(decoded) = basic_credentials(v.as_bytes()).filter(|d| find(d, prefix)) else { continue };
+        let heads = swaps(&|i| bound[i].map_or(Then::Refuse, |v| Then::Write(v.as_bytes().to_vec())));
+        let done = substitute(&decoded, &heads).map_err(|stop| match stop {
+            Stop::Refused(i) => misuse(&secrets[i], host, "Basic credentials"),
+            other => here(why(&other, &heads, "Basic credentials")),
+        })?;
+        out.used |= !done.written.is_empty();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&done.bytes);
+        let Ok(mut nv) = HeaderValue::from_str(&format!("Basic {encoded}")) else {
+            return Err(here("a header with a placeholder could not be rebuilt".into()));
+        };
+        nv.set_sensitive(true);
+        *v = nv;
+        // An upstream that echoes the header echoes the value in this form.
+        out.redact(&encoded);
     }
 
     let pq = parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
@@ -145,12 +178,10 @@ pub fn swap(
         if let Some((i, s)) = named.max_by_key(|(_, s)| s.name.len()) {
             return Err(match bound[i] {
                 None => misuse(s, host, "path"),
-                Some(_) => Misuse {
-                    hint: format!(
-                        "{} is replaced in headers, and in the query or body where configured, never in the path",
-                        s.placeholder()
-                    ),
-                },
+                Some(_) => here(format!(
+                    "{} is replaced in headers, and in the query or body where configured, never in the path",
+                    s.placeholder()
+                )),
             });
         }
         if let Some(query) = query {
@@ -161,15 +192,13 @@ pub fn swap(
                 _ => Then::Refuse,
             });
             let done = substitute(query.as_bytes(), &queries).map_err(|stop| match stop {
-                Stop::Glued(i) => glued(&secrets[i]),
                 Stop::Refused(i) if bound[i].is_none() => misuse(&secrets[i], host, "query"),
-                Stop::Refused(i) => Misuse {
-                    hint: format!(
-                        "{} is in the query, but secrets name={:?} does not set query = true",
-                        secrets[i].placeholder(),
-                        secrets[i].name
-                    ),
-                },
+                Stop::Refused(i) => here(format!(
+                    "{} is in the query, but secrets name={:?} does not set query = true",
+                    secrets[i].placeholder(),
+                    secrets[i].name
+                )),
+                other => here(why(&other, &queries, "query")),
             })?;
             for &i in &done.written {
                 out.used = true;
@@ -180,12 +209,10 @@ pub fn swap(
                     out.redact(e);
                 }
             }
-            let query =
-                String::from_utf8(done.bytes).map_err(|_| Misuse { hint: "the URI could not be rebuilt".into() })?;
+            let query = String::from_utf8(done.bytes).map_err(|_| here("the URI could not be rebuilt".into()))?;
             let mut uri = std::mem::take(&mut parts.uri).into_parts();
             uri.path_and_query = format!("{path}?{query}").parse().ok();
-            parts.uri =
-                http::Uri::from_parts(uri).map_err(|_| Misuse { hint: "the URI could not be rebuilt".into() })?;
+            parts.uri = http::Uri::from_parts(uri).map_err(|_| here("the URI could not be rebuilt".into()))?;
         }
     }
 
@@ -195,6 +222,8 @@ pub fn swap(
             Some(v) if lent_in_body(i) => Then::Write(v.as_bytes().to_vec()),
             _ => Then::Keep,
         });
+        out.declared =
+            charset::declared(parts.headers.get_all(http::header::CONTENT_TYPE).iter().map(HeaderValue::as_bytes));
         for v in (0..secrets.len()).filter(|&i| lent_in_body(i)).filter_map(|i| bound[i]) {
             out.redact(v);
         }
@@ -279,6 +308,23 @@ mod tests {
         let mut p = parts("/EGRESS_SECRET_openai_org", "none");
         let Err(e) = swap(&mut p, &evil, "p", &two, &both, false) else { panic!("sent to evil") };
         assert!(e.hint.contains("\"openai_org\""), "{}", e.hint);
+        // Inside Basic credentials (`curl -u user:EGRESS_SECRET_openai`), encoded again;
+        // refused on the way elsewhere like any header.
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let mut p = parts("/", &format!("Basic {}", b64("user:EGRESS_SECRET_openai")));
+        let s = swap(&mut p, &bound, "p", &secrets, &values, false).unwrap();
+        assert_eq!(p.headers["authorization"], format!("Basic {}", b64("user:sk-real")).as_str());
+        assert!(s.used && s.values.contains(&b64("user:sk-real")));
+        let mut p = parts("/", &format!("basic  {}", b64("user:EGRESS_SECRET_openai")));
+        assert!(swap(&mut p, &evil, "p", &secrets, &values, false).is_err());
+        let mut p = parts("/", &format!("Basic {}", b64("user:%4EGRESS_SECRET_openai")));
+        assert!(swap(&mut p, &bound, "p", &secrets, &values, false).is_err());
+        // Answers from the bound host on any port are redacted of its values: one
+        // stored through a bound port is read back through another.
+        let port443 = vec![cfg("openai", "api.openai.com", false)];
+        let mut p = parts("/", "none");
+        let s = swap(&mut p, &t("api.openai.com:8443"), "p", &port443, &values, false).unwrap();
+        assert_eq!(s.values, vec!["sk-real".to_string()]);
         // Unknown placeholder text passes untouched.
         let mut p = parts("/", "EGRESS_SECRET_unknown");
         assert!(!swap(&mut p, &evil, "p", &secrets, &values, false).unwrap().any());

@@ -67,16 +67,21 @@ impl SecretConfig {
         self.hosts.iter().any(|(p, ports)| p.matches(&target.host) && port_ok(ports))
     }
 
-    /// The first secret whose placeholder appears in `bytes`.
+    /// The secret whose placeholder appears in `bytes` (the longest, where one name
+    /// begins another).
     pub fn find_in<'s>(secrets: &'s [SecretConfig], bytes: &[u8]) -> Option<&'s SecretConfig> {
         let prefix = PLACEHOLDER_PREFIX.as_bytes();
         if !bytes.windows(prefix.len()).any(|w| w == prefix) {
             return None;
         }
-        secrets.iter().find(|s| {
-            let ph = s.placeholder();
-            bytes.windows(ph.len()).any(|w| w == ph.as_bytes())
-        })
+        // The longest one found: `EGRESS_SECRET_a` is also inside `EGRESS_SECRET_ab`.
+        secrets
+            .iter()
+            .filter(|s| {
+                let ph = s.placeholder();
+                bytes.windows(ph.len()).any(|w| w == ph.as_bytes())
+            })
+            .max_by_key(|s| s.name.len())
     }
 }
 
@@ -118,15 +123,6 @@ pub(super) fn validate_secrets(
         }
         if let Some(j) = out.iter().position(|o| o.name == s.name) {
             return Err(ConfigError::invalid(file, key("name"), format!("{:?} is already secrets[{j}].name", s.name)));
-        }
-        // One placeholder must never be the start of another: `EGRESS_SECRET_a` would
-        // be found inside `EGRESS_SECRET_ab`.
-        if let Some(o) = out.iter().find(|o| o.name.starts_with(&s.name) || s.name.starts_with(&o.name)) {
-            return Err(ConfigError::invalid(
-                file,
-                key("name"),
-                format!("{:?} and {:?}: one name may not start with another", s.name, o.name),
-            ));
         }
         let source = match (s.value_file, s.value_env) {
             (Some(f), None) => SecretSource::File(clean_path(&base_dir.join(f))),
