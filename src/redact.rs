@@ -1,13 +1,14 @@
 //! Removes a secret from a response as it streams: an upstream that echoes the injected
 //! key (in an error message, say) must not hand it to the sandbox. Only a tail that
 //! could be the start of the secret is held back between chunks, so server-sent events
-//! still arrive as they are produced. (Placeholder values go into requests through
-//! `intercept::placeholders`.)
+//! still arrive as they are produced. [`Rewritten`] is that streaming, for any
+//! [`Rewrite`]: `intercept::placeholders` writes placeholder values into request
+//! bodies with it.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame};
 
@@ -177,26 +178,60 @@ pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (out, tail)
 }
 
-pub struct RedactBody<B> {
+/// What a [`Rewritten`] body does to its bytes as they stream.
+pub trait Rewrite {
+    /// Rewrites `input` (what was held back last time, then the new chunk): the bytes
+    /// to send now, and those to hold back for the next call. With `more` false nothing
+    /// comes after: nothing may be held back. An error ends the body.
+    fn rewrite(&mut self, input: &[u8], more: bool) -> Result<(Bytes, Vec<u8>), BoxError>;
+
+    /// Rewrites trailers, which end the body.
+    fn trailers(&mut self, _trailers: &mut HeaderMap) {}
+}
+
+/// A body rewritten by `R` as it streams: only what `R` holds back (a tail that could
+/// still become a match) waits for the next chunk, so server-sent events still arrive
+/// as they are produced. Held bytes go out before trailers.
+pub struct Rewritten<B, R> {
     inner: B,
-    secret: Vec<u8>,
-    carry: BytesMut,
+    rewrite: R,
+    carry: Vec<u8>,
     done: bool,
     /// Trailers that came while bytes were held back: the held bytes go out first.
     trailers: Option<Frame<Bytes>>,
 }
 
-impl<B> RedactBody<B> {
-    /// Writes [`MARK`] wherever `secret` streams past.
-    pub fn new(inner: B, secret: &str) -> Self {
-        RedactBody { inner, secret: secret.as_bytes().to_vec(), carry: BytesMut::new(), done: false, trailers: None }
+impl<B, R: Rewrite> Rewritten<B, R> {
+    pub fn new(inner: B, rewrite: R) -> Self {
+        Rewritten { inner, rewrite, carry: Vec::new(), done: false, trailers: None }
+    }
+
+    /// The rewriter, for what it learnt.
+    pub fn rewriter(&self) -> &R {
+        &self.rewrite
+    }
+
+    fn take(&mut self, data: &[u8], more: bool) -> Result<Bytes, BoxError> {
+        let mut input = std::mem::take(&mut self.carry);
+        input.extend_from_slice(data);
+        match self.rewrite.rewrite(&input, more) {
+            Ok((now, held)) => {
+                self.carry = held;
+                Ok(now)
+            }
+            Err(e) => {
+                self.done = true;
+                Err(e)
+            }
+        }
     }
 }
 
-impl<B> Body for RedactBody<B>
+impl<B, R> Body for Rewritten<B, R>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
+    R: Rewrite + Unpin,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -212,20 +247,12 @@ where
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => {
-                    let mut buf = std::mem::take(&mut self.carry);
-                    buf.extend_from_slice(&data);
-                    let (out, tail) = scrub(&buf, &self.secret);
-                    self.carry = BytesMut::from(&tail[..]);
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
-                }
-                // Trailers: redacted like headers. They end the body, so the bytes
-                // held back for a possible match go out first, then the trailers.
+                Ok(data) => Poll::Ready(Some(self.take(&data, true).map(Frame::data))),
+                // Trailers end the body: the bytes held back go out first.
                 Err(frame) => {
                     let frame = match frame.into_trailers() {
                         Ok(mut trailers) => {
-                            let secret = String::from_utf8_lossy(&self.secret).into_owned();
-                            headers(&mut trailers, &secret);
+                            self.rewrite.trailers(&mut trailers);
                             Frame::trailers(trailers)
                         }
                         Err(frame) => frame,
@@ -233,9 +260,11 @@ where
                     if self.carry.is_empty() {
                         return Poll::Ready(Some(Ok(frame)));
                     }
-                    self.trailers = Some(frame);
-                    let rest = std::mem::take(&mut self.carry).freeze();
-                    Poll::Ready(Some(Ok(Frame::data(rest))))
+                    let rest = self.take(&[], false);
+                    if rest.is_ok() {
+                        self.trailers = Some(frame);
+                    }
+                    Poll::Ready(Some(rest.map(Frame::data)))
                 }
             },
             Poll::Ready(None) => {
@@ -243,16 +272,50 @@ where
                 if self.carry.is_empty() {
                     Poll::Ready(None)
                 } else {
-                    let rest = std::mem::take(&mut self.carry).freeze();
-                    Poll::Ready(Some(Ok(Frame::data(rest))))
+                    Poll::Ready(Some(self.take(&[], false).map(Frame::data)))
                 }
             }
         }
     }
 }
 
+/// Writes [`MARK`] wherever a secret streams past a [`Rewritten`] body, and in its
+/// trailers.
+pub struct Redact {
+    secret: Vec<u8>,
+}
+
+impl Redact {
+    pub fn new(secret: &str) -> Self {
+        Redact { secret: secret.as_bytes().to_vec() }
+    }
+}
+
+impl Rewrite for Redact {
+    fn rewrite(&mut self, input: &[u8], more: bool) -> Result<(Bytes, Vec<u8>), BoxError> {
+        if !more {
+            // What was held back is a proper prefix of the secret: not the secret.
+            return Ok((Bytes::copy_from_slice(input), Vec::new()));
+        }
+        let (out, tail) = scrub(input, &self.secret);
+        Ok((Bytes::from(out), tail))
+    }
+
+    fn trailers(&mut self, trailers: &mut HeaderMap) {
+        headers(trailers, &String::from_utf8_lossy(&self.secret));
+    }
+}
+
+/// A body with `secret` redacted as it streams.
+pub type RedactBody<B> = Rewritten<B, Redact>;
+
+/// Redacts `secret` from `body` as it streams.
+pub fn body<B>(body: B, secret: &str) -> RedactBody<B> {
+    Rewritten::new(body, Redact::new(secret))
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -341,7 +404,7 @@ mod tests {
     }
 
     /// A body that yields the given frames, last first.
-    struct Frames(Vec<Frame<Bytes>>);
+    pub(crate) struct Frames(pub Vec<Frame<Bytes>>);
 
     impl Body for Frames {
         type Data = Bytes;
@@ -362,7 +425,7 @@ mod tests {
         t.insert("grpc-status", http::HeaderValue::from_static("0"));
         t.insert("x-key", http::HeaderValue::from_static("sk-secret-123"));
         let frames = Frames(vec![Frame::trailers(t), Frame::data(Bytes::from_static(b"reply: hi s"))]);
-        let body = RedactBody::new(frames, "sk-secret-123");
+        let body = body(frames, "sk-secret-123");
         let collected = body.collect().await.unwrap();
         let trailers = collected.trailers().cloned().expect("trailers kept");
         assert_eq!(collected.to_bytes(), "reply: hi s", "no byte lost before the trailers");

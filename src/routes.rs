@@ -219,7 +219,7 @@ async fn route(
     let mut body: ProxyBody =
         Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down).boxed_unsync();
     for form in &forms {
-        body = redact::RedactBody::new(body, form).boxed_unsync();
+        body = redact::body(body, form).boxed_unsync();
     }
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())

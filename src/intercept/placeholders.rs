@@ -6,14 +6,12 @@
 //! before a value, and a value right before a placeholder is not taken for padding the
 //! sandbox wrote ([`opens_escape`]).
 
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
-use http_body::{Body, Frame};
+use bytes::Bytes;
 
 use super::charset::Charset;
+use crate::redact::{Rewrite, Rewritten};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -255,95 +253,51 @@ pub fn why(stop: &Stop, swaps: &[Swap], place: &str) -> String {
     }
 }
 
-/// A request body with its placeholders replaced as it streams ([`Output::push`]): only
-/// a tail that could still become a placeholder is held back between chunks. A
-/// placeholder the pass refuses ends the body with an error, so the upstream never
-/// gets a request that looks complete; why is left in `refused` for the answer.
-pub struct SubstituteBody<B> {
-    inner: B,
+/// Placeholders replaced in a request body as it streams ([`Output::push`] over a
+/// [`Rewritten`] body): only a tail that could still become a placeholder is held back
+/// between chunks. A placeholder the pass refuses ends the body with an error, so the
+/// upstream never gets a request that looks complete; why is left in `refused` for
+/// the answer.
+pub struct Substitute {
     swaps: Vec<Swap>,
-    /// Input not yet taken: it could be the start of a placeholder.
-    carry: BytesMut,
     /// The last bytes written (for the next check), and where the sandbox's own begin.
     out: Output,
-    done: bool,
-    /// Trailers that came while bytes were held back: the held bytes go out first.
-    trailers: Option<Frame<Bytes>>,
     refused: Arc<OnceLock<String>>,
 }
 
-impl<B> SubstituteBody<B> {
-    /// `declared`: what the request's head says of the body's charset
-    /// ([`charset::declared`](super::charset::declared)).
-    pub fn new(inner: B, swaps: Vec<Swap>, declared: Charset, refused: Arc<OnceLock<String>>) -> Self {
-        let out = Output { charset: declared, ..Output::default() };
-        SubstituteBody { inner, swaps, carry: BytesMut::new(), out, done: false, trailers: None, refused }
-    }
-
-    /// Runs the held input and `data` through the pass: the bytes to send now.
-    fn take(&mut self, data: &[u8], more: bool) -> Result<Bytes, BoxError> {
-        let mut input = std::mem::take(&mut self.carry);
-        input.extend_from_slice(data);
+impl Rewrite for Substitute {
+    fn rewrite(&mut self, input: &[u8], more: bool) -> Result<(Bytes, Vec<u8>), BoxError> {
         let kept = self.out.bytes.len();
-        let taken = self.out.push(&input, &self.swaps, more).map_err(|stop| {
-            self.done = true;
+        let taken = self.out.push(input, &self.swaps, more).map_err(|stop| {
             let why = why(&stop, &self.swaps, "body");
             let _ = self.refused.set(why.clone());
             BoxError::from(why)
         })?;
-        self.carry = BytesMut::from(&input[taken..]);
         // The bytes before `kept` went out with an earlier chunk.
         let now = Bytes::copy_from_slice(&self.out.bytes[kept..]);
         self.out.keep_lookback();
-        Ok(now)
+        Ok((now, input[taken..].to_vec()))
     }
 }
 
-impl<B> Body for SubstituteBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(trailers) = self.trailers.take() {
-            return Poll::Ready(Some(Ok(trailers)));
-        }
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => Poll::Ready(Some(self.take(&data, true).map(Frame::data))),
-                // Trailers end the body: the bytes held back go out first.
-                Err(frame) if self.carry.is_empty() => Poll::Ready(Some(Ok(frame))),
-                Err(frame) => {
-                    let rest = self.take(&[], false);
-                    if rest.is_ok() {
-                        self.trailers = Some(frame);
-                    }
-                    Poll::Ready(Some(rest.map(Frame::data)))
-                }
-            },
-            Poll::Ready(None) => {
-                self.done = true;
-                if self.carry.is_empty() {
-                    Poll::Ready(None)
-                } else {
-                    Poll::Ready(Some(self.take(&[], false).map(Frame::data)))
-                }
-            }
-        }
-    }
+/// `inner` with `swaps` made as it streams. `declared`: what the request's head says
+/// of the body's charset ([`charset::declared`](super::charset::declared)).
+pub fn body<B>(
+    inner: B,
+    swaps: Vec<Swap>,
+    declared: Charset,
+    refused: Arc<OnceLock<String>>,
+) -> Rewritten<B, Substitute> {
+    let out = Output { charset: declared, ..Output::default() };
+    Rewritten::new(inner, Substitute { swaps, out, refused })
 }
 
 #[cfg(test)]
 mod tests {
+    use http_body::Frame;
+
     use super::*;
+    use crate::redact::tests::Frames;
 
     fn write(placeholder: &str, value: &str) -> Swap {
         Swap { placeholder: placeholder.into(), then: Then::Write(value.into()) }
@@ -482,30 +436,17 @@ mod tests {
         assert_eq!(substitute(b"EGRESS_SECRET_unknown", &swaps).unwrap(), b"EGRESS_SECRET_unknown");
     }
 
-    /// A body that yields the given chunks, in order.
-    struct Chunks(std::collections::VecDeque<Bytes>);
-
-    impl Body for Chunks {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
-        }
-    }
-
     async fn streamed(input: &[u8], cuts: &[usize], swaps: &[Swap]) -> Result<Vec<u8>, String> {
         use http_body_util::BodyExt;
-        let mut chunks = std::collections::VecDeque::new();
+        let mut chunks = Vec::new();
         let mut from = 0;
         for &cut in cuts.iter().chain([&input.len()]) {
-            chunks.push_back(Bytes::copy_from_slice(&input[from..cut]));
+            chunks.push(Frame::data(Bytes::copy_from_slice(&input[from..cut])));
             from = cut;
         }
+        chunks.reverse();
         let refused = Arc::new(OnceLock::new());
-        let body = SubstituteBody::new(Chunks(chunks), swaps.to_vec(), Charset::default(), refused.clone());
+        let body = body(Frames(chunks), swaps.to_vec(), Charset::default(), refused.clone());
         let got = body.collect().await.map(|c| c.to_bytes().to_vec()).map_err(|e| e.to_string());
         // The reason left for the answer is the body's error.
         assert_eq!(got.as_ref().err(), refused.get());

@@ -290,8 +290,7 @@ pub async fn handle(
     let refused_in_body = Arc::new(std::sync::OnceLock::new());
     if !swapped.body.is_empty() {
         let declared = swapped.declared.clone();
-        body = placeholders::SubstituteBody::new(body, swapped.body.clone(), declared, refused_in_body.clone())
-            .boxed_unsync();
+        body = placeholders::body(body, swapped.body.clone(), declared, refused_in_body.clone()).boxed_unsync();
     }
 
     // Over HTTP/2 the URI's authority becomes `:authority`, the one name sent (no
@@ -394,7 +393,7 @@ fn redact_all(headers: &mut HeaderMap, mut body: ProxyBody, swapped: &Swapped) -
     for v in &swapped.values {
         for form in redact::echo_forms(v) {
             redact::headers(headers, &form);
-            body = redact::RedactBody::new(body, &form).boxed_unsync();
+            body = redact::body(body, &form).boxed_unsync();
         }
     }
     body
