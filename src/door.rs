@@ -16,6 +16,7 @@ pub mod admission;
 pub mod bodies;
 pub mod headers;
 pub mod limits;
+pub mod method_field;
 pub mod record;
 pub mod registry;
 pub mod respond;

@@ -25,6 +25,7 @@ use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers, charge_head,
 use crate::door::headers::{
     is_upgrade, is_websocket_upgrade, strip_client_request, strip_upstream_response, unjudged_framing,
 };
+use crate::door::method_field;
 use crate::door::registry::{ENDED_HINT, Hold, Revocable};
 use crate::door::watch::Stalling;
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal};
@@ -34,8 +35,15 @@ use crate::resolve::DialError;
 
 /// What a forwarded request body is, upstream: counted, cut by a sweep, and failed
 /// after `proxy.tunnel_idle_timeout` without a byte; or none, when a request without a
-/// body is sent again ([`retry_of`]).
-pub type UpBody = Either<Counting<Revocable<IdleBody<Incoming>>>, Empty<Bytes>>;
+/// body is sent again ([`retry_of`]); or, to an inspected host, a form watched for the
+/// method it names ([`method_field`]).
+pub type UpBody = Either<Sent<Incoming>, Either<Empty<Bytes>, Sent<method_field::Watched<Incoming>>>>;
+
+/// A request body as sent on: counted, cut by a sweep, failed when idle.
+type Sent<B> = Counting<Revocable<IdleBody<B>>>;
+
+/// A form body's `_method` watch: the form, its judge, and where a refusal's reason goes.
+type Watch = (method_field::Form, method_field::Judge, Arc<std::sync::OnceLock<String>>);
 
 /// A client connection's upstream connection, which its forwarded requests to the same
 /// host reuse. One per client connection, never shared between client connections:
@@ -141,7 +149,7 @@ fn retry_of(req: &Request<UpBody>) -> Option<Request<UpBody>> {
     if !safe || !http_body::Body::is_end_stream(req.body()) || is_upgrade(req.headers()) {
         return None;
     }
-    let mut again = Request::new(Either::Right(Empty::new()));
+    let mut again = Request::new(Either::Right(Either::Left(Empty::new())));
     *again.method_mut() = req.method().clone();
     *again.uri_mut() = req.uri().clone();
     *again.version_mut() = req.version();
@@ -274,6 +282,7 @@ async fn decide_and_send(
         Subject::Host(target.clone())
     };
     let sandbox = identity.sandbox.clone();
+    let policy = identity.policy.clone();
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
         Ok(a) => Arc::new(a.hold),
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
@@ -326,8 +335,20 @@ async fn decide_and_send(
         return reject(&mut rec, DenyReason::BadRequest, "the request body is gone");
     };
     let (parts, ()) = req.into_parts();
+    // On an inspected host a POST whose form names another method (`_method=DELETE`)
+    // is judged as that method too, as the body streams.
+    let refused_method = Arc::new(std::sync::OnceLock::new());
+    let watch = inspected
+        .then(|| method_field::form_of(&parts.method, &parts.headers))
+        .flatten()
+        .filter(|_| !http_body::Body::is_end_stream(&sent_body))
+        .map(|form| {
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+            let headers = crate::door::headers::rule_headers(&parts.headers);
+            (form, method_field::judge(policy.clone(), target.clone(), path, headers), refused_method.clone())
+        });
     let req = Request::from_parts(parts, sent_body);
-    let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone(), idle) {
+    let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone(), idle, watch) {
         Ok((r, counter)) => (r, counter),
         Err(msg) => return reject(&mut rec, DenyReason::BadRequest, msg),
     };
@@ -363,6 +384,9 @@ async fn decide_and_send(
         Ok(Err(ExchangeError::Http(e))) => {
             if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() {
                 return door::refuse(&mut rec, door::Refusal::budget(spent), entry);
+            }
+            if let Some(hint) = refused_method.get() {
+                return reject(&mut rec, DenyReason::RequestNotAllowed, hint);
             }
             if let Some(body) = crate::dial::body_failure(&e) {
                 return reject(
@@ -411,6 +435,7 @@ fn upstream_request(
     upgrade: bool,
     hold: Arc<Hold>,
     idle: std::time::Duration,
+    watch: Option<Watch>,
 ) -> Result<(Request<UpBody>, Arc<AtomicU64>), &'static str> {
     let (mut parts, body) = req.into_parts();
     // Origin-form upstream: the path and query only, never the client's userinfo.
@@ -441,6 +466,15 @@ fn upstream_request(
     let host = HeaderValue::from_str(host).map_err(|_| "invalid host")?;
     parts.headers.insert(header::HOST, host);
     let counter = Arc::new(AtomicU64::new(0));
-    let body = Either::Left(Counting::new(Revocable::new(IdleBody::new(body, idle), hold, Dir::Up), counter.clone()));
+    let body = match watch {
+        None => Either::Left(Counting::new(Revocable::new(IdleBody::new(body, idle), hold, Dir::Up), counter.clone())),
+        Some((form, judge, refused)) => {
+            let body = method_field::watch(body, form, judge, refused);
+            Either::Right(Either::Right(Counting::new(
+                Revocable::new(IdleBody::new(body, idle), hold, Dir::Up),
+                counter.clone(),
+            )))
+        }
+    };
     Ok((Request::from_parts(parts, body), counter))
 }

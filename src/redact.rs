@@ -8,6 +8,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use base64::Engine;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame};
@@ -15,6 +16,9 @@ use http_body::{Body, Frame};
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub const MARK: &str = "[REDACTED]";
+
+/// The shortest run of base64 redacted as a value's (shorter would match by chance).
+const BASE64_CORE_MIN: usize = 12;
 
 /// Replaces the secret in every header value that contains it, as bytes: values that
 /// are not visible ASCII (obs-text) are redacted too. A value that cannot be rebuilt is
@@ -52,8 +56,8 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
 /// every other byte but letters and digits as `\u00XX`, in either case of hex),
 /// percent-encoded (every byte but the unreserved ones, or also leaving raw what
 /// Python's, JavaScript's and Go's encoders leave raw; either case of hex), as HTML
-/// character references (all, or what Go's and Python's escapers write), and in
-/// upper or lower case. Each is redacted like the raw value. Other re-encodings
+/// character references (all, or what Go's and Python's escapers write), in upper or
+/// lower case, and in base64 at any alignment (the groups of its own bytes). Each is redacted like the raw value. Other re-encodings
 /// (base64, hex of the whole value) are not recognised.
 pub fn echo_forms(secret: &str) -> Vec<String> {
     let mut forms = vec![secret.to_string()];
@@ -85,10 +89,20 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
     }
     // HTML character references: every byte but letters, digits and `-_.` in decimal or
     // hex; what Go's html/template writes (`"'&+<>`) and what Python's html.escape does.
+    // Escapers differ on `+`, `/` and `=` (ASP.NET's HtmlEncoder writes `&#x2B;` and
+    // leaves `/` and `=`; Go's attribute escaper writes `&#43;` and `&#61;`): every
+    // choice of them, in each style.
     let referenced = |c: char| !c.is_ascii_alphanumeric() && !"-_.".contains(c);
-    add(json(&|c| referenced(c).then(|| format!("&#{};", c as u32))));
-    add(json(&|c| referenced(c).then(|| format!("&#x{:x};", c as u32))));
-    add(json(&|c| referenced(c).then(|| format!("&#x{:X};", c as u32))));
+    let styles: [fn(char) -> String; 3] =
+        [|c| format!("&#{};", c as u32), |c| format!("&#x{:x};", c as u32), |c| format!("&#x{:X};", c as u32)];
+    for style in styles {
+        add(json(&|c| referenced(c).then(|| style(c))));
+        for chosen in 1..8u8 {
+            let pick =
+                |c: char| ["+", "/", "="].iter().position(|p| p.starts_with(c)).is_some_and(|i| chosen & (1 << i) != 0);
+            add(json(&|c| pick(c).then(|| style(c))));
+        }
+    }
     let named = |c: char| match c {
         '&' => Some("&amp;".to_string()),
         '<' => Some("&lt;".into()),
@@ -108,6 +122,17 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
     }));
     add(secret.to_ascii_uppercase());
     add(secret.to_ascii_lowercase());
+    // In base64, wherever it starts (`user:` before it in Basic credentials): at each
+    // of the three alignments, the groups made of the value's bytes alone.
+    for lead in 0..3 {
+        let bytes = [&[0u8; 2][..lead], secret.as_bytes()].concat();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        let first = lead.div_ceil(3);
+        let last = bytes.len() / 3;
+        if last > first && (last - first) * 4 >= BASE64_CORE_MIN {
+            add(encoded[first * 4..last * 4].to_string());
+        }
+    }
     // Read as a form (`+` is a space) and echoed back.
     add(secret.replace('+', " "));
     forms
@@ -160,22 +185,55 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// Replaces every occurrence of `secret` in `buf`; returns the text to emit now and the
 /// tail to hold back (a proper prefix of the secret at the end of `buf`).
 pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let mut out = Vec::with_capacity(buf.len());
-    let mut i = 0;
-    while i < buf.len() {
-        if !secret.is_empty() && buf[i..].starts_with(secret) {
-            out.extend_from_slice(MARK.as_bytes());
-            i += secret.len();
-        } else {
-            out.push(buf[i]);
-            i += 1;
+    let forms = Forms::new([secret]);
+    let (out, took) = forms.scrub(buf, true);
+    (out, buf[took..].to_vec())
+}
+
+/// Spellings of secrets, each replaced by [`MARK`].
+struct Forms {
+    forms: Vec<Vec<u8>>,
+    /// The bytes a form begins with.
+    firsts: [bool; 256],
+}
+
+impl Forms {
+    fn new<'a>(forms: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let forms: Vec<Vec<u8>> = forms.into_iter().filter(|f| !f.is_empty()).map(<[u8]>::to_vec).collect();
+        let mut firsts = [false; 256];
+        for f in &forms {
+            firsts[usize::from(f[0])] = true;
         }
+        Forms { forms, firsts }
     }
-    // Hold back the longest suffix that is a proper prefix of the secret.
-    let max = secret.len().saturating_sub(1).min(out.len());
-    let hold = (1..=max).rev().find(|&n| out.ends_with(&secret[..n])).unwrap_or(0);
-    let tail = out.split_off(out.len() - hold);
-    (out, tail)
+
+    /// `buf` with every form replaced, leftmost and longest first. With `more` (a
+    /// body's chunk, more to come) it stops where the rest could still become a form:
+    /// the output, and how much of `buf` it took.
+    fn scrub(&self, buf: &[u8], more: bool) -> (Vec<u8>, usize) {
+        let mut out = Vec::with_capacity(buf.len());
+        let mut at = 0;
+        while let Some(next) = buf[at..].iter().position(|&b| self.firsts[usize::from(b)]) {
+            out.extend_from_slice(&buf[at..at + next]);
+            at += next;
+            let rest = &buf[at..];
+            if more && self.forms.iter().any(|f| f.len() > rest.len() && f.starts_with(rest)) {
+                return (out, at);
+            }
+            match self.forms.iter().filter(|f| rest.starts_with(f)).map(Vec::len).max() {
+                Some(n) => {
+                    out.extend_from_slice(MARK.as_bytes());
+                    at += n;
+                }
+                None => {
+                    out.push(rest[0]);
+                    at += 1;
+                }
+            }
+        }
+        out.extend_from_slice(&buf[at..]);
+        (out, buf.len())
+    }
 }
 
 /// What a [`Rewritten`] body does to its bytes as they stream.
@@ -279,39 +337,35 @@ where
     }
 }
 
-/// Writes [`MARK`] wherever a secret streams past a [`Rewritten`] body, and in its
-/// trailers.
+/// Writes [`MARK`] wherever a form of a secret streams past a [`Rewritten`] body, and
+/// in its trailers: one pass for every form.
 pub struct Redact {
-    secret: Vec<u8>,
-}
-
-impl Redact {
-    pub fn new(secret: &str) -> Self {
-        Redact { secret: secret.as_bytes().to_vec() }
-    }
+    forms: Forms,
+    /// The forms as text, for trailers.
+    text: Vec<String>,
 }
 
 impl Rewrite for Redact {
     fn rewrite(&mut self, input: &[u8], more: bool) -> Result<(Bytes, Vec<u8>), BoxError> {
-        if !more {
-            // What was held back is a proper prefix of the secret: not the secret.
-            return Ok((Bytes::copy_from_slice(input), Vec::new()));
-        }
-        let (out, tail) = scrub(input, &self.secret);
-        Ok((Bytes::from(out), tail))
+        let (out, took) = self.forms.scrub(input, more);
+        Ok((Bytes::from(out), input[took..].to_vec()))
     }
 
     fn trailers(&mut self, trailers: &mut HeaderMap) {
-        headers(trailers, &String::from_utf8_lossy(&self.secret));
+        for form in &self.text {
+            headers(trailers, form);
+        }
     }
 }
 
-/// A body with `secret` redacted as it streams.
+/// A body with secrets redacted as it streams.
 pub type RedactBody<B> = Rewritten<B, Redact>;
 
-/// Redacts `secret` from `body` as it streams.
-pub fn body<B>(body: B, secret: &str) -> RedactBody<B> {
-    Rewritten::new(body, Redact::new(secret))
+/// Redacts every one of `forms` from `body` as it streams ([`echo_forms`] gives a
+/// secret's).
+pub fn body<B>(body: B, forms: &[String]) -> RedactBody<B> {
+    let redact = Redact { forms: Forms::new(forms.iter().map(String::as_bytes)), text: forms.to_vec() };
+    Rewritten::new(body, redact)
 }
 
 #[cfg(test)]
@@ -357,10 +411,12 @@ pub(crate) mod tests {
     #[test]
     fn echo_forms_cover_json_and_percent_escapes_and_case() {
         assert_eq!(
-            echo_forms("sk-plain_123"),
-            vec!["sk-plain_123", "sk\\u002dplain\\u005f123", "sk\\u002Dplain\\u005F123", "SK-PLAIN_123"],
+            echo_forms("sk-plain_123")[..4],
+            ["sk-plain_123", "sk\\u002dplain\\u005f123", "sk\\u002Dplain\\u005F123", "SK-PLAIN_123"],
             "unreserved bytes need no percent form"
         );
+        // Then its base64 at three alignments.
+        assert_eq!(echo_forms("sk-plain_123")[4..], ["c2stcGxhaW5fMTIz", "LXBsYWluXzEy", "ay1wbGFpbl8x"]);
         let forms = echo_forms("sk/a+b=");
         for form in [
             "sk/a+b=",
@@ -380,8 +436,19 @@ pub(crate) mod tests {
             "sk&#x2f;a&#x2b;b&#x3d;",
             "sk&#x2F;a&#x2B;b&#x3D;",
             "sk/a&#43;b=",
+            // ASP.NET's HtmlEncoder: `+` only, in hex; Go's attributes: `+` and `=`.
+            "sk/a&#x2B;b=",
+            "sk/a&#43;b&#61;",
         ] {
             assert!(forms.iter().any(|f| f == form), "{form} in {forms:?}");
+        }
+        // In base64 after any prefix: `user:` puts it at the third alignment.
+        let basic = base64::engine::general_purpose::STANDARD.encode("user:sk-real+value/7d1e0c");
+        let forms = echo_forms("sk-real+value/7d1e0c");
+        assert!(forms.iter().any(|f| f.len() >= 12 && basic.contains(f.as_str())), "{basic} in {forms:?}");
+        for lead in ["", "x", "xy"] {
+            let e = base64::engine::general_purpose::STANDARD.encode(format!("{lead}sk-real+value/7d1e0cTAIL"));
+            assert!(forms.iter().any(|f| f.len() >= 12 && e.contains(f.as_str())), "{e} in {forms:?}");
         }
         let go = echo_forms("k<&>\"\\");
         for form in ["k\\u003c\\u0026\\u003e\\\"\\\\", "k<&>\\\"\\\\", "K<&>\"\\", "k&lt;&amp;&gt;&quot;\\"] {
@@ -425,11 +492,27 @@ pub(crate) mod tests {
         t.insert("grpc-status", http::HeaderValue::from_static("0"));
         t.insert("x-key", http::HeaderValue::from_static("sk-secret-123"));
         let frames = Frames(vec![Frame::trailers(t), Frame::data(Bytes::from_static(b"reply: hi s"))]);
-        let body = body(frames, "sk-secret-123");
+        let body = body(frames, &["sk-secret-123".to_string()]);
         let collected = body.collect().await.unwrap();
         let trailers = collected.trailers().cloned().expect("trailers kept");
         assert_eq!(collected.to_bytes(), "reply: hi s", "no byte lost before the trailers");
         assert_eq!(trailers["grpc-status"], "0");
         assert_eq!(trailers["x-key"], "[REDACTED]");
+    }
+
+    #[tokio::test]
+    async fn every_form_goes_in_one_pass_wherever_the_body_is_cut() {
+        use http_body_util::BodyExt;
+        // One form begins another: the longer is waited for across a cut.
+        let forms = ["abc".to_string(), "abcdef".to_string(), "xyz".to_string()];
+        let input = b"1abcdef2abc3xyzabcde";
+        for a in 0..=input.len() {
+            for b in a..=input.len() {
+                let chunks = [&input[b..], &input[a..b], &input[..a]];
+                let frames = Frames(chunks.iter().map(|c| Frame::data(Bytes::copy_from_slice(c))).collect());
+                let got = body(frames, &forms).collect().await.unwrap().to_bytes();
+                assert_eq!(&got[..], b"1[REDACTED]2[REDACTED]3[REDACTED][REDACTED]de", "cut at {a}, {b}");
+            }
+        }
     }
 }

@@ -216,11 +216,8 @@ async fn route(
     for form in &forms {
         redact::headers(&mut parts.headers, form);
     }
-    let mut body: ProxyBody =
-        Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down).boxed_unsync();
-    for form in &forms {
-        body = redact::body(body, form).boxed_unsync();
-    }
+    let body = Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down);
+    let body = redact::body(body, &forms);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }

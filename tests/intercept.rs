@@ -65,6 +65,12 @@ methods = ["GET"]
 action = "allow"
 
 [[policies.a.requests]]
+host = "evil.test"
+methods = ["POST"]
+paths = ["/echo/form"]
+action = "allow"
+
+[[policies.a.requests]]
 host = "grpc.test"
 paths = ["/echo.Echo/Say"]
 action = "allow"
@@ -224,6 +230,25 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
         }
         assert_eq!(w.origin.recorded().len(), before, "nothing refused reaches the origin");
     }
+    // Nor a form body that names the method (Rails, Laravel and Symfony run it as a
+    // DELETE): the body ends before it is whole, so the origin never runs it.
+    for args in [
+        vec!["--data", "a=1&_method=DELETE"],
+        vec!["--data", "%5Fmethod=delete"],
+        vec!["-F", "a=1", "-F", "_method=DELETE"],
+        vec!["--http1.1", "-H", "Transfer-Encoding: chunked", "--data", "_method=DELETE"],
+    ] {
+        // (The head may have gone: the origin records heads, not whole requests.)
+        let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));
+        assert_eq!(r.status, 403, "{args:?}: {}", r.body);
+        assert!(r.headers.contains("x-egress-deny-reason: request_not_allowed"), "{}", r.headers);
+        assert!(r.body.contains("_method=DELETE asks the upstream to run this POST as DELETE"), "{}", r.body);
+    }
+    // A method the rules allow, or another field, goes through.
+    for args in [vec!["--data", "_method=GET&x=1"], vec!["--data", "x_method=DELETE"], vec!["-F", "_method=GET"]] {
+        let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));
+        assert_eq!(r.status, 200, "{args:?}: {}", r.body);
+    }
     // Traversal cannot dodge the deny rule: such a path is not judged at all.
     for path in ["/echo/x/../admin/users", "/echo/%2e%2e/admin/users", "/echo%2Fadmin/users", "/echo/admin./users"] {
         let r = curl(&w, &w.gw_ca, &["--path-as-is"], &url("inspect.test", path));
@@ -377,6 +402,15 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
         assert_eq!(r.status, 403, "{args:?}: {}", r.body);
         assert!(r.body.contains("charset other than UTF-8"), "{args:?}: {}", r.body);
     }
+    // The word in prose declares nothing.
+    let prose = r#"{"q":"Which charset does this page use?","key":"EGRESS_SECRET_openai"}"#;
+    let r = curl(&w, &w.gw_ca, &["--data-binary", prose], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    // A multipart part in base64 would be decoded upstream into other bytes.
+    let b64_part = "--b\r\nContent-Disposition: form-data; name=k\r\nContent-Transfer-Encoding: base64\r\n\r\nEGRESS_SECRET_openai\r\n--b--\r\n";
+    let args = ["-H", "Content-Type: multipart/form-data; boundary=b", "--data-binary", b64_part];
+    let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 403, "{}", r.body);
     // UTF-8, declared or not, is the value's own bytes.
     let r = curl(
         &w,
@@ -406,6 +440,11 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
     let r = curl(&w, &w.gw_ca, &["-H", &format!("x-echo: {B_ONLY}")], &url("inspect.test", "/echo"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(!r.body.contains(B_ONLY) && r.body.contains("[REDACTED]"), "{}", r.body);
+    // Or in base64 after a prefix, as Basic credentials carry it.
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{SECRET}"));
+    let r = curl(&w, &w.gw_ca, &["-H", &format!("x-echo: Basic {basic}")], &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.contains(&basic[8..24]) && r.body.contains("[REDACTED]"), "{}", r.body);
     // So does one an upstream re-cased or escaped.
     let shout = SECRET.to_ascii_uppercase();
     let r = curl(&w, &w.gw_ca, &["-H", &format!("x-echo: {shout}")], &url("inspect.test", "/echo"));
@@ -486,6 +525,17 @@ fn plain_http_to_an_inspected_host_sends_on_only_what_was_judged() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("only WebSocket upgrades"), "{}", r.body);
     assert!(w.origin.recorded().is_empty(), "neither reached the origin");
+    // A form that names another method is judged as that method too, over plain HTTP
+    // as inside TLS.
+    let form = format!("http://evil.test:{}/echo/form", w.origin.port());
+    let r = curl(&w, &w.gw_ca, &["--data", "a=1&_method=DELETE"], &form);
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: request_not_allowed"), "{}", r.headers);
+    assert!(r.body.contains("_method=DELETE asks the upstream"), "{}", r.body);
+    // The same method goes on (to an origin that speaks only TLS, hence the 502).
+    let r = curl(&w, &w.gw_ca, &["--data", "a=1&_method=POST"], &form);
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: upstream_unreachable"), "{}", r.headers);
 }
 
 #[test]

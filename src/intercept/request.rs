@@ -23,6 +23,7 @@ use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers, charge_head,
 use crate::door::headers::{
     is_upgrade, is_websocket_upgrade, strip_client_request, strip_upstream_response, unjudged_framing,
 };
+use crate::door::method_field;
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody, Refusal, respond};
@@ -285,6 +286,14 @@ pub async fn handle(
     let mut body: ProxyBody =
         Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)
             .boxed_unsync();
+    // A POST whose form names another method (`_method=DELETE`) is judged as that
+    // method too, as the body streams (Rails, Laravel and Symfony run it as one).
+    let refused_method = Arc::new(std::sync::OnceLock::new());
+    if has_body && let Some(form) = method_field::form_of(&parts.method, &parts.headers) {
+        let headers = crate::door::headers::rule_headers(&parts.headers);
+        let judge = method_field::judge(identity.policy.clone(), target.clone(), path.clone(), headers);
+        body = method_field::watch(body, form, judge, refused_method.clone()).boxed_unsync();
+    }
     // Why a placeholder in the body was refused, if it was: the upstream saw the
     // body end in an error, whatever protocol reports that.
     let refused_in_body = Arc::new(std::sync::OnceLock::new());
@@ -336,6 +345,9 @@ pub async fn handle(
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
         Some(Ok(r)) => r,
+        Some(Err(_)) if let Some(hint) = refused_method.get() => {
+            return finish(&mut rec, DenyReason::RequestNotAllowed, None, hint, Entry::Identified);
+        }
         Some(Err(_)) if let Some(hint) = refused_in_body.get() => {
             return finish(&mut rec, DenyReason::SecretNotAllowed, None, hint, Entry::Identified);
         }
@@ -389,12 +401,10 @@ async fn drain_rest(body: Option<Incoming>, door: &Door) {
 
 /// Redacts every swapped-in value, as sent and as an upstream may echo it escaped or
 /// re-cased ([`redact::echo_forms`]), from the response's headers and body.
-fn redact_all(headers: &mut HeaderMap, mut body: ProxyBody, swapped: &Swapped) -> ProxyBody {
-    for v in &swapped.values {
-        for form in redact::echo_forms(v) {
-            redact::headers(headers, &form);
-            body = redact::body(body, &form).boxed_unsync();
-        }
+fn redact_all(headers: &mut HeaderMap, body: ProxyBody, swapped: &Swapped) -> ProxyBody {
+    let forms: Vec<String> = swapped.values.iter().flat_map(|v| redact::echo_forms(v)).collect();
+    for form in &forms {
+        redact::headers(headers, form);
     }
-    body
+    redact::body(body, &forms).boxed_unsync()
 }

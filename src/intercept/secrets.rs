@@ -136,11 +136,23 @@ pub fn swap(
     let in_headers = parts.headers.values().any(|v| find(v.as_bytes(), prefix));
     if in_headers {
         let heads = swaps(&|i| bound[i].map_or(Then::Refuse, |v| Then::Write(v.as_bytes().to_vec())));
-        for v in parts.headers.values_mut().filter(|v| find(v.as_bytes(), prefix)) {
+        for (name, v) in parts.headers.iter_mut().filter(|(_, v)| find(v.as_bytes(), prefix)) {
             let done = substitute(v.as_bytes(), &heads).map_err(|stop| match stop {
                 Stop::Refused(i) => misuse(&secrets[i], host, "headers"),
                 other => here(why(&other, &heads, "headers")),
             })?;
+            // `Basic` takes base64: an upstream would decode the value itself into
+            // other bytes, which come back past the redactor.
+            if let Some(&i) = done.written.first()
+                && *name == http::header::AUTHORIZATION
+                && v.as_bytes().trim_ascii().get(..6).is_some_and(|s| s.eq_ignore_ascii_case(b"basic "))
+            {
+                let ph = secrets[i].placeholder();
+                return Err(here(format!(
+                    "{ph} stands as Basic credentials, which an upstream decodes from base64 into other bytes; \
+                     put it in user:password as curl -u user:{ph} does, the request was not sent"
+                )));
+            }
             out.used |= !done.written.is_empty();
             let Ok(mut nv) = HeaderValue::from_bytes(&done.bytes) else {
                 return Err(here("a header with a placeholder could not be rebuilt".into()));
@@ -319,6 +331,10 @@ mod tests {
         assert!(swap(&mut p, &evil, "p", &secrets, &values, false).is_err());
         let mut p = parts("/", &format!("Basic {}", b64("user:%4EGRESS_SECRET_openai")));
         assert!(swap(&mut p, &bound, "p", &secrets, &values, false).is_err());
+        // Not as the base64 itself, which an upstream would decode into other bytes.
+        let mut p = parts("/", "Basic EGRESS_SECRET_openai");
+        let Err(e) = swap(&mut p, &bound, "p", &secrets, &values, false) else { panic!("decoded upstream") };
+        assert!(e.hint.contains("curl -u user:EGRESS_SECRET_openai"), "{}", e.hint);
         // Answers from the bound host on any port are redacted of its values: one
         // stored through a bound port is read back through another.
         let port443 = vec![cfg("openai", "api.openai.com", false)];

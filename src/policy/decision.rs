@@ -107,7 +107,7 @@ impl DenyReason {
             DenyReason::UpstreamEncoding => "the upstream answered with a content coding the gateway cannot redact",
             DenyReason::PeerNotAllowed => "the sandboxes' policies do not both allow this connection",
             DenyReason::RequestNotAllowed => "no request rule of the sandbox policy allows this request",
-            DenyReason::SecretNotAllowed => "the request carries a secret placeholder for a host it is not bound to",
+            DenyReason::SecretNotAllowed => "the request carries a secret placeholder where its value may not go",
             DenyReason::Revoked => "the policies or credentials changed and no longer allow this",
         }
     }
