@@ -191,16 +191,16 @@ impl<J: FnMut(&str) -> Option<String>> MethodFields<J> {
             if !matches!(after.first(), None | Some(b'"' | b';' | b'\r' | b'\n' | b' ')) {
                 continue;
             }
-            // The value: after the part's headers, up to the line's end.
-            let value = find(after, b"\r\n\r\n")
-                .map(|h| from + h + 4)
-                .and_then(|start| find(&input[start..], b"\r\n").map(|end| &input[start..start + end]));
+            // The value: after the part's headers (a blank line, CRLF or LF alone, as
+            // lenient parsers take it), up to the line's end.
+            let value = headers_end(after).map(|h| from + h).and_then(|start| {
+                input[start..].iter().position(|&b| b == b'\n').map(|end| &input[start..start + end])
+            });
             match value {
-                Some(v) => self.check(v)?,
+                Some(v) => self.check(v.strip_suffix(b"\r").unwrap_or(v))?,
                 None if !more => {
                     let rest = &input[from..];
-                    let v = find(rest, b"\r\n\r\n").map_or(&b""[..], |h| &rest[h + 4..]);
-                    self.check(v)?;
+                    self.check(headers_end(rest).map_or(&b""[..], |h| &rest[h..]))?;
                 }
                 None if input.len() - found > PART_MAX => {
                     return Err(self.refuse("a _method form part whose value could not be read".into()));
@@ -211,6 +211,16 @@ impl<J: FnMut(&str) -> Option<String>> MethodFields<J> {
         }
         // A name cut at the chunk's end: hold back what could still become one.
         Ok(if more { input.len().saturating_sub(24) } else { input.len() })
+    }
+}
+
+/// Where a part's value begins: after the first blank line (`\r\n\r\n` or `\n\n`).
+fn headers_end(after: &[u8]) -> Option<usize> {
+    let crlf = find(after, b"\r\n\r\n").map(|h| h + 4);
+    let lf = find(after, b"\n\n").map(|h| h + 2);
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -304,6 +314,12 @@ mod tests {
                 assert_eq!(seen, ["DELETE"], "cut at {a}, {b}");
                 assert!(got.is_err(), "cut at {a}, {b}");
             }
+        }
+        let lf = b"--b\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\n--b--\n";
+        for cut in 0..=lf.len() {
+            let (seen, got) = watch(Form::Multipart, lf, &[cut]);
+            assert_eq!(seen, ["DELETE"], "bare LF, cut at {cut}");
+            assert!(got.is_err(), "bare LF, cut at {cut}");
         }
         let put = b"--b\r\nContent-Disposition: form-data; name=_method\r\n\r\nPUT\r\n--b--\r\n";
         let (seen, got) = watch(Form::Multipart, put, &[20]);
