@@ -37,7 +37,7 @@ use crate::resolve::DialError;
 /// after `proxy.tunnel_idle_timeout` without a byte; or none, when a request without a
 /// body is sent again ([`retry_of`]); or, to an inspected host, a form watched for the
 /// method it names ([`method_field`]).
-pub type UpBody = Either<Sent<Incoming>, Either<Empty<Bytes>, Sent<method_field::Watched<Incoming>>>>;
+pub type UpBody = Either<Sent<Incoming>, Either<Empty<Bytes>, Box<Sent<method_field::Watched<Incoming>>>>>;
 
 /// A request body as sent on: counted, cut by a sweep, failed when idle.
 type Sent<B> = Counting<Revocable<IdleBody<B>>>;
@@ -282,7 +282,8 @@ async fn decide_and_send(
         Subject::Host(target.clone())
     };
     let sandbox = identity.sandbox.clone();
-    let policy = identity.policy.clone();
+    // For judging `_method` form fields, on an inspected host only.
+    let policy = inspected.then(|| identity.policy.clone());
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
         Ok(a) => Arc::new(a.hold),
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
@@ -337,16 +338,23 @@ async fn decide_and_send(
     let (parts, ()) = req.into_parts();
     // On an inspected host a POST whose form names another method (`_method=DELETE`)
     // is judged as that method too, as the body streams.
-    let refused_method = Arc::new(std::sync::OnceLock::new());
-    let watch = inspected
-        .then(|| method_field::form_of(&parts.method, &parts.headers))
-        .flatten()
-        .filter(|_| !http_body::Body::is_end_stream(&sent_body))
-        .map(|form| {
+    let mut watch = None;
+    if let Some(policy) = &policy
+        && parts.method == http::Method::POST
+    {
+        let has_body = !http_body::Body::is_end_stream(&sent_body);
+        let judge = || {
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
             let headers = crate::door::headers::rule_headers(&parts.headers);
-            (form, method_field::judge(policy.clone(), target.clone(), path, headers), refused_method.clone())
-        });
+            method_field::judge(policy.clone(), target.clone(), path, headers)
+        };
+        match method_field::plan(&parts.method, &parts.headers, has_body, judge) {
+            method_field::Plan::Pass => {}
+            method_field::Plan::Refuse(hint) => return reject(&mut rec, DenyReason::RequestNotAllowed, &hint),
+            method_field::Plan::Watch(form, judge) => watch = Some((form, judge, Arc::new(std::sync::OnceLock::new()))),
+        }
+    }
+    let refused_method = watch.as_ref().map(|(_, _, refused)| refused.clone());
     let req = Request::from_parts(parts, sent_body);
     let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone(), idle, watch) {
         Ok((r, counter)) => (r, counter),
@@ -385,7 +393,7 @@ async fn decide_and_send(
             if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() {
                 return door::refuse(&mut rec, door::Refusal::budget(spent), entry);
             }
-            if let Some(hint) = refused_method.get() {
+            if let Some(hint) = refused_method.as_ref().and_then(|r| r.get()) {
                 return reject(&mut rec, DenyReason::RequestNotAllowed, hint);
             }
             if let Some(body) = crate::dial::body_failure(&e) {
@@ -470,10 +478,11 @@ fn upstream_request(
         None => Either::Left(Counting::new(Revocable::new(IdleBody::new(body, idle), hold, Dir::Up), counter.clone())),
         Some((form, judge, refused)) => {
             let body = method_field::watch(body, form, judge, refused);
-            Either::Right(Either::Right(Counting::new(
+            // Boxed: every request's body has this type's size, and it is moved often.
+            Either::Right(Either::Right(Box::new(Counting::new(
                 Revocable::new(IdleBody::new(body, idle), hold, Dir::Up),
                 counter.clone(),
-            )))
+            ))))
         }
     };
     Ok((Request::from_parts(parts, body), counter))

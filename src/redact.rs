@@ -193,18 +193,18 @@ pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
 /// Spellings of secrets, each replaced by [`MARK`].
 struct Forms {
     forms: Vec<Vec<u8>>,
-    /// The bytes a form begins with.
-    firsts: [bool; 256],
+    /// The forms by the byte they begin with.
+    by_first: Vec<Vec<usize>>,
 }
 
 impl Forms {
     fn new<'a>(forms: impl IntoIterator<Item = &'a [u8]>) -> Self {
         let forms: Vec<Vec<u8>> = forms.into_iter().filter(|f| !f.is_empty()).map(<[u8]>::to_vec).collect();
-        let mut firsts = [false; 256];
-        for f in &forms {
-            firsts[usize::from(f[0])] = true;
+        let mut by_first = vec![Vec::new(); 256];
+        for (i, f) in forms.iter().enumerate() {
+            by_first[usize::from(f[0])].push(i);
         }
-        Forms { forms, firsts }
+        Forms { forms, by_first }
     }
 
     /// `buf` with every form replaced, leftmost and longest first. With `more` (a
@@ -213,14 +213,15 @@ impl Forms {
     fn scrub(&self, buf: &[u8], more: bool) -> (Vec<u8>, usize) {
         let mut out = Vec::with_capacity(buf.len());
         let mut at = 0;
-        while let Some(next) = buf[at..].iter().position(|&b| self.firsts[usize::from(b)]) {
+        while let Some(next) = buf[at..].iter().position(|&b| !self.by_first[usize::from(b)].is_empty()) {
             out.extend_from_slice(&buf[at..at + next]);
             at += next;
             let rest = &buf[at..];
-            if more && self.forms.iter().any(|f| f.len() > rest.len() && f.starts_with(rest)) {
+            let candidates = self.by_first[usize::from(rest[0])].iter().map(|&i| &self.forms[i]);
+            if more && candidates.clone().any(|f| f.len() > rest.len() && f.starts_with(rest)) {
                 return (out, at);
             }
-            match self.forms.iter().filter(|f| rest.starts_with(f)).map(Vec::len).max() {
+            match candidates.filter(|f| rest.starts_with(f)).map(|f| f.len()).max() {
                 Some(n) => {
                     out.extend_from_slice(MARK.as_bytes());
                     at += n;

@@ -213,6 +213,8 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
         (vec!["-X", "delete"], "/echo", None),
         // A POST that asks to be run as a DELETE is judged as one too.
         (vec!["-X", "POST"], "/echo?_method=DELETE", None),
+        // As PHP reads the name (`.` for `_`).
+        (vec!["-X", "POST"], "/echo?.method=DELETE", None),
         (vec!["-X", "get"], "/Echo/Admin/users", Some("deny * inspect.test/echo/admin/**")),
         (vec![], "/echo/admin", Some("deny * inspect.test/echo/admin/**")),
         (vec![], "/echo/admin/users", Some("deny * inspect.test/echo/admin/**")),
@@ -237,6 +239,12 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
         vec!["--data", "%5Fmethod=delete"],
         vec!["-F", "a=1", "-F", "_method=DELETE"],
         vec!["--http1.1", "-H", "Transfer-Encoding: chunked", "--data", "_method=DELETE"],
+        vec![
+            "-H",
+            "Content-Type: multipart/mixed; boundary=b",
+            "--data-binary",
+            "--b\r\nContent-ID: _method\r\n\r\nDELETE\r\n--b--\r\n",
+        ],
     ] {
         // (The head may have gone: the origin records heads, not whole requests.)
         let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));
@@ -245,6 +253,11 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
         assert!(r.body.contains("_method=DELETE asks the upstream to run this POST as DELETE"), "{}", r.body);
     }
     // A method the rules allow, or another field, goes through.
+    // A compressed form cannot be read for the field where another method is refused.
+    let gz = ["-H", "Content-Encoding: gzip", "--data-binary", "x"];
+    let r = curl(&w, &w.gw_ca, &gz, &url("inspect.test", "/echo"));
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("cannot be read for a _method field"), "{}", r.body);
     for args in [vec!["--data", "_method=GET&x=1"], vec!["--data", "x_method=DELETE"], vec!["-F", "_method=GET"]] {
         let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));
         assert_eq!(r.status, 200, "{args:?}: {}", r.body);
@@ -372,7 +385,8 @@ fn placeholders_are_swapped_on_their_host_and_refused_elsewhere() {
 
     // Not inside a body under a content coding: what the gateway reads there is not
     // what the upstream decodes.
-    let encoded = ["-H", "content-encoding: br", "--data", "key=EGRESS_SECRET_openai"];
+    let encoded =
+        ["-H", "content-encoding: br", "-H", "content-type: text/plain", "--data", "key=EGRESS_SECRET_openai"];
     let r = curl(&w, &w.gw_ca, &encoded, &url("inspect.test", "/echo"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains(&format!("\"body_len\":{}", "key=EGRESS_SECRET_openai".len())), "{}", r.body);

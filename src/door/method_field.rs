@@ -1,9 +1,15 @@
 //! A method named in a form body. Rails (`Rack::MethodOverride`), Laravel and Symfony
 //! run a POST whose form carries `_method=DELETE` as a DELETE, and read the field from
-//! the body first (the query's is judged by `Policy::decide_request`). [`MethodFields`]
-//! watches a POST's form body as it streams: each method a field names is judged as
-//! the request's own, and one the rules refuse ends the body with an error before the
-//! body is whole, so the upstream never runs it.
+//! the body (the query's is judged by `Policy::decide_request`). Where the request
+//! rules treat some other method differently from this POST ([`plan`]), the body is
+//! watched as it streams ([`MethodFields`]): each method a field names is judged as the
+//! request's own, and one the rules refuse ends the body with an error before its last
+//! byte, so the upstream never runs it.
+//!
+//! Frameworks read field names leniently (PHP turns `.` and spaces into `_` and cuts
+//! at a NUL, Rack drops leading `[`/`]` and reads `_method[]` as `_method`, multipart
+//! names come quoted, escaped or as a `Content-ID`), so a name is reduced the same way
+//! before it is compared (`policy::requests::is_method_name`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -11,51 +17,45 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, header};
 
 use crate::addr::Target;
+use crate::policy::requests::is_method_name;
 use crate::policy::{self, Policy, Subject};
 use crate::redact::{Rewrite, Rewritten};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The longest key held back while it may still become `_method` (`%5Fmethod` and
-/// friends fit).
-const KEY_MAX: usize = 32;
 /// The longest method name read; a longer `_method` value is refused.
 const VALUE_MAX: usize = 256;
-/// How much of a multipart body is held back while a `_method` part may be completing.
-const PART_MAX: usize = 2048;
+/// The longest part-header line read whole; a longer `Content-Disposition` is refused.
+const LINE_MAX: usize = 8192;
+/// Methods a `_method` field may name, besides the request's own POST.
+const OTHERS: [&str; 10] = ["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "LINK", "UNLINK", "TRACE", "PURGE"];
 
 /// The form a body is read as by the frameworks that honour `_method`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
-    /// `application/x-www-form-urlencoded`, or no `Content-Type` (Rack parses a POST
+    /// `application/x-www-form-urlencoded`, or no media type (Rack parses a POST
     /// without one as a form).
     UrlEncoded,
-    /// `multipart/form-data`.
+    /// `multipart/*` (Rack parses `multipart/mixed` and `related` as forms too).
     Multipart,
-}
-
-/// The form a request's body would be parsed as, if it is a POST such a framework
-/// would read a `_method` from.
-pub fn form_of(method: &Method, headers: &HeaderMap) -> Option<Form> {
-    if method != Method::POST {
-        return None;
-    }
-    let Some(ct) = headers.get(header::CONTENT_TYPE) else { return Some(Form::UrlEncoded) };
-    let media = ct.as_bytes().split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
-    if media.eq_ignore_ascii_case(b"application/x-www-form-urlencoded") || media.is_empty() {
-        Some(Form::UrlEncoded)
-    } else if media.eq_ignore_ascii_case(b"multipart/form-data") {
-        Some(Form::Multipart)
-    } else {
-        None
-    }
 }
 
 /// Says why a method a field names is refused, if the rules refuse it.
 pub type Judge = Box<dyn FnMut(&str) -> Option<String> + Send>;
 
 /// A request body watched for `_method` fields.
-pub type Watched<B> = Rewritten<B, MethodFields<Judge>>;
+pub type Watched<B> = Rewritten<B, MethodFields>;
+
+/// What to do about `_method` fields in a request's body.
+pub enum Plan {
+    /// Nothing could change what the rules decide.
+    Pass,
+    /// The body cannot be watched (encoded, or two media types), and the rules refuse
+    /// a method it could name.
+    Refuse(String),
+    /// Watch the body as this form.
+    Watch(Form, Judge),
+}
 
 /// The [`Judge`] of a request to `target` at `path` (with its query) under `policy`:
 /// each method is decided as the request's own would be, with the same headers.
@@ -78,29 +78,95 @@ pub fn judge(policy: Arc<Policy>, target: Target, path: String, headers: Vec<(St
     })
 }
 
+/// What to do about a request with this head: only a POST with a body, and only where
+/// the rules refuse some other method ([`OTHERS`]) `judge` is asked about, is watched.
+pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judge: impl FnOnce() -> Judge) -> Plan {
+    if method != Method::POST || !has_body {
+        return Plan::Pass;
+    }
+    let mut judge = judge();
+    let Some(refused) = OTHERS.iter().find(|m| judge(m).is_some()) else { return Plan::Pass };
+    let mut types = headers.get_all(header::CONTENT_TYPE).iter();
+    let (first, second) = (types.next(), types.next());
+    if second.is_some() {
+        return Plan::Refuse(format!(
+            "the rules refuse {refused} here, and a POST with two Content-Type fields cannot be read for a _method \
+             field that would make it one"
+        ));
+    }
+    // The media type as Rack and PHP cut it: at `;`, `,` or white space.
+    let media = first.map_or(&b""[..], |v| {
+        let v = v.as_bytes().trim_ascii();
+        v.split(|&b| matches!(b, b';' | b',' | b' ' | b'\t')).next().unwrap_or_default()
+    });
+    let form = if media.is_empty() || media.eq_ignore_ascii_case(b"application/x-www-form-urlencoded") {
+        Form::UrlEncoded
+    } else if media.len() > 10 && media[..10].eq_ignore_ascii_case(b"multipart/") {
+        Form::Multipart
+    } else {
+        return Plan::Pass;
+    };
+    let encoded = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        return Plan::Refuse(format!(
+            "the rules refuse {refused} here, and a POST body under Content-Encoding cannot be read for a _method \
+             field that would make it one; send the body unencoded"
+        ));
+    }
+    Plan::Watch(form, judge)
+}
+
 /// `body` watched for `_method` fields of `form`; why one was refused goes in `refused`.
 pub fn watch<B>(body: B, form: Form, judge: Judge, refused: Arc<OnceLock<String>>) -> Watched<B> {
     Rewritten::new(body, MethodFields::new(form, judge, refused))
 }
 
-/// Whether a form key, decoded, is `_method`.
-fn is_method_key(raw: &[u8]) -> bool {
-    let key = crate::policy::requests::percent_decode(raw, true);
-    key.trim_ascii().eq_ignore_ascii_case(b"_method")
+/// Where a urlencoded body is.
+enum Pair {
+    /// In a key: its raw bytes so far, padding before the name dropped.
+    Key(Vec<u8>),
+    /// In the value of a `_method` key: its raw bytes so far (bounded).
+    Method(Vec<u8>),
+    /// In another key's value, or a key too long to be `_method`.
+    Other,
 }
 
-/// Watches a form body for `_method` fields; `judge` says why a method is refused.
-pub struct MethodFields<J> {
+impl Default for Pair {
+    fn default() -> Self {
+        Pair::Key(Vec::new())
+    }
+}
+
+/// Where a multipart body is, by lines.
+#[derive(Default)]
+struct Lines {
+    /// The current line so far (bounded).
+    line: Vec<u8>,
+    /// The current line is longer than [`LINE_MAX`].
+    long: bool,
+    /// After a header line naming `_method`: waiting for the blank line before its value.
+    named: bool,
+    /// The last header line was `Content-Disposition`, which a folded line continues.
+    disposition: bool,
+    /// The next line is a `_method` part's value.
+    value: bool,
+}
+
+/// Watches a form body for `_method` fields; the [`Judge`] says why a method is refused.
+pub struct MethodFields {
     form: Form,
-    judge: J,
-    /// In a urlencoded body: inside a pair that is not `_method`, up to the next `&`.
-    skip: bool,
+    judge: Judge,
+    pair: Pair,
+    lines: Lines,
     refused: Arc<OnceLock<String>>,
 }
 
-impl<J: FnMut(&str) -> Option<String>> MethodFields<J> {
-    pub fn new(form: Form, judge: J, refused: Arc<OnceLock<String>>) -> Self {
-        MethodFields { form, judge, skip: false, refused }
+impl MethodFields {
+    pub fn new(form: Form, judge: Judge, refused: Arc<OnceLock<String>>) -> Self {
+        MethodFields { form, judge, pair: Pair::default(), lines: Lines::default(), refused }
     }
 
     fn refuse(&mut self, why: String) -> BoxError {
@@ -108,7 +174,7 @@ impl<J: FnMut(&str) -> Option<String>> MethodFields<J> {
         BoxError::from(why)
     }
 
-    /// Judges a method named by a field.
+    /// Judges a method named by a field (its value, decoded).
     fn check(&mut self, value: &[u8]) -> Result<(), BoxError> {
         if value.len() > VALUE_MAX {
             return Err(self.refuse(format!("a _method form field longer than {VALUE_MAX} bytes")));
@@ -123,118 +189,147 @@ impl<J: FnMut(&str) -> Option<String>> MethodFields<J> {
         }
     }
 
-    /// One urlencoded pair, whole.
-    fn pair(&mut self, pair: &[u8]) -> Result<(), BoxError> {
-        let (key, value) = match pair.iter().position(|&b| b == b'=') {
-            Some(q) => (&pair[..q], &pair[q + 1..]),
-            None => (pair, &b""[..]),
-        };
-        if is_method_key(key) { self.check(&crate::policy::requests::percent_decode(value, true)) } else { Ok(()) }
+    /// One byte of a urlencoded body; `None` is its end.
+    fn urlencoded(&mut self, b: Option<u8>) -> Result<(), BoxError> {
+        let decode = |raw: &[u8]| crate::policy::requests::percent_decode(raw, true);
+        match (b, &mut self.pair) {
+            (None | Some(b'&' | b';'), _) => {
+                if let Pair::Method(v) = std::mem::take(&mut self.pair) {
+                    self.check(&decode(&v))?;
+                }
+            }
+            (Some(b'='), Pair::Key(key)) => {
+                self.pair = if is_method_name(&decode(key)) { Pair::Method(Vec::new()) } else { Pair::Other };
+            }
+            (Some(b), Pair::Method(v)) => {
+                if v.len() <= VALUE_MAX * 3 {
+                    v.push(b);
+                }
+            }
+            (Some(b), Pair::Key(key)) => {
+                key.push(b);
+                // Padding before the name (`+`, `%20`, `[`) is dropped as it comes, so
+                // a long run of it cannot push the name out of sight.
+                let open_escape = key.ends_with(b"%") || key.len() > 1 && key[key.len() - 2] == b'%';
+                let padding = decode(key).iter().all(|c| matches!(c, b' ' | b'\t' | b'[' | b']' | b'"' | b'\'' | b'<'));
+                if padding && !open_escape {
+                    key.clear();
+                } else if key.len() > 64 {
+                    self.pair = Pair::Other;
+                }
+            }
+            (Some(_), Pair::Other) => {}
+        }
+        Ok(())
     }
 
-    /// How much of `input` may go now (the rest is held back); judges every field whole.
-    fn urlencoded(&mut self, input: &[u8], more: bool) -> Result<usize, BoxError> {
-        let sep = |b: &u8| matches!(b, b'&' | b';');
-        let mut at = 0;
-        if self.skip {
-            match input.iter().position(sep) {
-                Some(p) => {
-                    at = p + 1;
-                    self.skip = false;
-                }
-                None => return Ok(input.len()),
-            }
-        }
-        loop {
-            let rest = &input[at..];
-            if let Some(end) = rest.iter().position(sep) {
-                self.pair(&rest[..end])?;
-                at += end + 1;
-                continue;
-            }
-            if !more {
-                self.pair(rest)?;
-                return Ok(input.len());
-            }
-            // The last pair may go on in the next chunk.
-            let held = match rest.iter().position(|&b| b == b'=') {
-                None => rest.len() <= KEY_MAX,
-                Some(q) if is_method_key(&rest[..q]) => {
-                    if rest.len() - q - 1 > VALUE_MAX {
-                        return Err(self.refuse(format!("a _method form field longer than {VALUE_MAX} bytes")));
-                    }
-                    true
-                }
-                Some(_) => false,
+    /// One line of a multipart body, whole (without its line break); `last` if the
+    /// body ended inside it.
+    fn line(&mut self, last: bool) -> Result<(), BoxError> {
+        let line = std::mem::take(&mut self.lines.line);
+        let long = std::mem::take(&mut self.lines.long);
+        let line = line.strip_suffix(b"\r").unwrap_or(&line);
+        if self.lines.value {
+            self.lines.value = false;
+            return if long {
+                Err(self.refuse(format!("a _method form part longer than {VALUE_MAX} bytes")))
+            } else {
+                self.check(line)
             };
-            if held {
-                return Ok(at);
-            }
-            self.skip = true;
-            return Ok(input.len());
         }
-    }
-
-    /// How much of `input` may go now; judges every `_method` part whose value is whole.
-    fn multipart(&mut self, input: &[u8], more: bool) -> Result<usize, BoxError> {
-        let lower = input.to_ascii_lowercase();
-        let mut from = 0;
-        while let Some(found) = find(&lower[from..], b"_method").map(|p| p + from) {
-            from = found + b"_method".len();
-            // A part named `_method`: `name="_method"` or `name=_method`.
-            let before = &lower[..found];
-            let before = before.strip_suffix(b"\"").unwrap_or(before);
-            if !before.trim_ascii_end().strip_suffix(b"=").is_some_and(|b| b.trim_ascii_end().ends_with(b"name")) {
-                continue;
+        if line.is_empty() {
+            self.lines.value = self.lines.named && !last;
+            self.lines.named = false;
+            self.lines.disposition = false;
+            return Ok(());
+        }
+        let lower = line.to_ascii_lowercase();
+        let header = lower.trim_ascii_start();
+        let folded = line.first().is_some_and(|b| matches!(b, b' ' | b'\t')) && self.lines.disposition;
+        let disposition = header.starts_with(b"content-disposition");
+        if header.starts_with(b"content-id") {
+            let value = header.splitn(2, |&b| b == b':').nth(1).unwrap_or_default();
+            self.lines.named |= is_method_name(value.trim_ascii());
+        } else if disposition || folded {
+            if long {
+                return Err(
+                    self.refuse("a multipart Content-Disposition line too long to read for a _method name".into())
+                );
             }
-            let after = &lower[from..];
-            if !matches!(after.first(), None | Some(b'"' | b';' | b'\r' | b'\n' | b' ')) {
-                continue;
-            }
-            // The value: after the part's headers (a blank line, CRLF or LF alone, as
-            // lenient parsers take it), up to the line's end.
-            let value = headers_end(after).map(|h| from + h).and_then(|start| {
-                input[start..].iter().position(|&b| b == b'\n').map(|end| &input[start..start + end])
-            });
-            match value {
-                Some(v) => self.check(v.strip_suffix(b"\r").unwrap_or(v))?,
-                None if !more => {
-                    let rest = &input[from..];
-                    self.check(headers_end(rest).map_or(&b""[..], |h| &rest[h..]))?;
+            for param in header.split(|&b| b == b';') {
+                let Some((key, value)) = param.split_once_byte(b'=') else { continue };
+                let key = key.trim_ascii();
+                if key == b"name" || key == b"name*" {
+                    // RFC 2231: `name*=utf-8''_method`, percent-encoded.
+                    let value = value.rsplit_once_str(b"''").map_or(value, |(_, v)| v);
+                    let decoded = crate::policy::requests::percent_decode(value.trim_ascii(), false);
+                    self.lines.named |= is_method_name(&decoded);
                 }
-                None if input.len() - found > PART_MAX => {
-                    return Err(self.refuse("a _method form part whose value could not be read".into()));
-                }
-                // Hold back from the part's name until its value is whole.
-                None => return Ok(found.saturating_sub(16)),
             }
         }
-        // A name cut at the chunk's end: hold back what could still become one.
-        Ok(if more { input.len().saturating_sub(24) } else { input.len() })
+        self.lines.disposition = disposition || folded;
+        Ok(())
+    }
+
+    /// One byte of a multipart body; `None` is its end.
+    fn multipart(&mut self, b: Option<u8>) -> Result<(), BoxError> {
+        match b {
+            None => {
+                if !self.lines.line.is_empty() || self.lines.value {
+                    self.line(true)?;
+                }
+            }
+            Some(b'\n') => self.line(false)?,
+            Some(b) => {
+                let cap = if self.lines.value { VALUE_MAX + 1 } else { LINE_MAX };
+                if self.lines.line.len() < cap {
+                    self.lines.line.push(b);
+                } else {
+                    self.lines.long = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn byte(&mut self, b: Option<u8>) -> Result<(), BoxError> {
+        match self.form {
+            Form::UrlEncoded => self.urlencoded(b),
+            Form::Multipart => self.multipart(b),
+        }
     }
 }
 
-/// Where a part's value begins: after the first blank line (`\r\n\r\n` or `\n\n`).
-fn headers_end(after: &[u8]) -> Option<usize> {
-    let crlf = find(after, b"\r\n\r\n").map(|h| h + 4);
-    let lf = find(after, b"\n\n").map(|h| h + 2);
-    match (crlf, lf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+/// Splits at the first `sep`, and at the last `''`.
+trait SplitBytes {
+    fn split_once_byte(&self, sep: u8) -> Option<(&[u8], &[u8])>;
+    fn rsplit_once_str(&self, sep: &[u8]) -> Option<(&[u8], &[u8])>;
+}
+
+impl SplitBytes for [u8] {
+    fn split_once_byte(&self, sep: u8) -> Option<(&[u8], &[u8])> {
+        let at = self.iter().position(|&b| b == sep)?;
+        Some((&self[..at], &self[at + 1..]))
+    }
+
+    fn rsplit_once_str(&self, sep: &[u8]) -> Option<(&[u8], &[u8])> {
+        let at = self.windows(sep.len()).rposition(|w| w == sep)?;
+        Some((&self[..at], &self[at + sep.len()..]))
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-impl<J: FnMut(&str) -> Option<String>> Rewrite for MethodFields<J> {
+impl Rewrite for MethodFields {
+    /// Reads every byte but the last of each chunk (the last waits for the next, so
+    /// the body's final byte goes only once every field in it was judged).
     fn rewrite(&mut self, input: &[u8], more: bool) -> Result<(Bytes, Vec<u8>), BoxError> {
-        let go = match self.form {
-            Form::UrlEncoded => self.urlencoded(input, more)?,
-            Form::Multipart => self.multipart(input, more)?,
-        };
-        Ok((Bytes::copy_from_slice(&input[..go]), input[go..].to_vec()))
+        let upto = if more { input.len().saturating_sub(1) } else { input.len() };
+        for &b in &input[..upto] {
+            self.byte(Some(b))?;
+        }
+        if !more {
+            self.byte(None)?;
+        }
+        Ok((Bytes::copy_from_slice(&input[..upto]), input[upto..].to_vec()))
     }
 }
 
@@ -242,16 +337,16 @@ impl<J: FnMut(&str) -> Option<String>> Rewrite for MethodFields<J> {
 mod tests {
     use super::*;
 
-    /// The methods judged and whether the body went whole, for `input` cut at `cuts`.
+    /// The methods judged and whether the body went whole, for `input` cut at `cuts`,
+    /// fed as `Rewritten` feeds it.
     fn watch(form: Form, input: &[u8], cuts: &[usize]) -> (Vec<String>, Result<Vec<u8>, String>) {
-        let seen = std::cell::RefCell::new(Vec::new());
-        let judge = |m: &str| {
-            seen.borrow_mut().push(m.to_string());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let judge: Judge = Box::new(move |m: &str| {
+            log.lock().unwrap().push(m.to_string());
             (m == "DELETE").then(|| "no DELETE".to_string())
-        };
+        });
         let mut w = MethodFields::new(form, judge, Arc::new(OnceLock::new()));
-        // As `Rewritten` calls it: each chunk after what was held back, then what is
-        // still held at the end.
         let mut out = Vec::new();
         let mut held = Vec::new();
         let mut from = 0;
@@ -277,72 +372,124 @@ mod tests {
                 Err(e) => result = Err(e.to_string()),
             }
         }
-        let result = result.map(|()| out);
-        drop(w);
-        (seen.into_inner(), result)
+        let seen = seen.lock().unwrap().clone();
+        (seen, result.map(|()| out))
+    }
+
+    fn refused_wherever_cut(form: Form, input: &[u8]) {
+        for a in 0..=input.len() {
+            for b in (a..=input.len()).step_by(5) {
+                let (seen, got) = watch(form, input, &[a, b]);
+                assert!(
+                    seen.contains(&"DELETE".to_string()) && got.is_err(),
+                    "{:?} cut at {a}, {b}: {seen:?}",
+                    String::from_utf8_lossy(input)
+                );
+            }
+        }
+    }
+
+    fn passed_wherever_cut(form: Form, input: &[u8]) {
+        for a in 0..=input.len() {
+            let (_, got) = watch(form, input, &[a]);
+            assert_eq!(got.as_deref(), Ok(input), "{:?} cut at {a}", String::from_utf8_lossy(input));
+        }
     }
 
     #[test]
-    fn urlencoded_method_fields_are_judged_wherever_the_body_is_cut() {
-        for input in [&b"a=1&_method=DELETE&b=2"[..], b"_method=delete", b"x=1;%5Fmethod=DE%4CETE", b"_Method=+DELETE+"]
-        {
-            for cut in 0..=input.len() {
-                let (seen, got) = watch(Form::UrlEncoded, input, &[cut]);
-                assert_eq!(seen, ["DELETE"], "{:?} cut at {cut}", String::from_utf8_lossy(input));
-                assert!(got.is_err(), "{:?} cut at {cut}", String::from_utf8_lossy(input));
-            }
+    fn urlencoded_method_fields_are_judged_however_spelt_and_cut() {
+        for input in [
+            &b"a=1&_method=DELETE&b=2"[..],
+            b"_method=delete",
+            b"x=1;%5Fmethod=DE%4CETE",
+            b"_Method=+DELETE+",
+            b".method=DELETE",
+            b"[_method]=DELETE",
+            b"_method]=DELETE",
+            b"_method[]=DELETE",
+            b"_method%00x=DELETE",
+            b"a=1&++++++++++++++++++++++++++++++++++++++++_method=DELETE",
+            b"%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20_method=DELETE",
+        ] {
+            refused_wherever_cut(Form::UrlEncoded, input);
         }
-        for input in [&b"a=1&_method=PUT"[..], b"_methods=DELETE", b"a=_method%3DDELETE", b"x_method=DELETE"] {
-            for cut in 0..=input.len() {
-                let (_, got) = watch(Form::UrlEncoded, input, &[cut]);
-                assert_eq!(got.as_deref(), Ok(input), "{:?} cut at {cut}", String::from_utf8_lossy(input));
-            }
+        for input in [
+            &b"a=1&_method=PUT"[..],
+            b"_methods=DELETE",
+            b"a=_method%3DDELETE",
+            b"x_method=DELETE",
+            b"payment_method=card",
+        ] {
+            passed_wherever_cut(Form::UrlEncoded, input);
         }
-        // A long value of another field passes without being held whole.
+        // A long value of another field passes.
         let long = [b"k=".as_slice(), &[b'v'; 10_000]].concat();
         let (seen, got) = watch(Form::UrlEncoded, &long, &[100, 5000]);
         assert!(seen.is_empty() && got.is_ok());
     }
 
     #[test]
-    fn multipart_method_parts_are_judged_wherever_the_body_is_cut() {
-        let body = b"--b\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n\
-                     --b\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n--b--\r\n";
-        for a in (0..=body.len()).step_by(3) {
-            for b in (a..=body.len()).step_by(7) {
-                let (seen, got) = watch(Form::Multipart, body, &[a, b]);
-                assert_eq!(seen, ["DELETE"], "cut at {a}, {b}");
-                assert!(got.is_err(), "cut at {a}, {b}");
-            }
+    fn multipart_method_parts_are_judged_however_named_and_cut() {
+        for input in [
+            &b"--b\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n--b\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n--b--\r\n"[..],
+            b"--b\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\n--b--\n",
+            b"--b\r\nContent-ID: _method\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\ncontent-disposition: form-data; name=_method,\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data; name=\"_meth\\od\"\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data; name='_method'\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data; name=\" .method\"\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data; name*=utf-8''%5Fmethod\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data;\r\n name=\"_method\"\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data; name=                    \"_method\"\r\n\r\nDELETE\r\n--b--\r\n",
+            // Bare LF after the name, CRLF later: the value is the line after the
+            // first blank line.
+            b"--b\r\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\r\n--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\nPOST\r\n--b--\r\n",
+        ] {
+            refused_wherever_cut(Form::Multipart, input);
         }
-        let lf = b"--b\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\n--b--\n";
-        for cut in 0..=lf.len() {
-            let (seen, got) = watch(Form::Multipart, lf, &[cut]);
-            assert_eq!(seen, ["DELETE"], "bare LF, cut at {cut}");
-            assert!(got.is_err(), "bare LF, cut at {cut}");
-        }
+        // A file whose text names `_method` is not a part header.
+        let html = b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"v.html\"\r\n\r\n<input name=\"_method\" value=\"delete\">\n\nDELETE\r\n--b--\r\n";
+        passed_wherever_cut(Form::Multipart, html);
         let put = b"--b\r\nContent-Disposition: form-data; name=_method\r\n\r\nPUT\r\n--b--\r\n";
-        let (seen, got) = watch(Form::Multipart, put, &[20]);
-        assert_eq!((seen, got.as_deref()), (vec!["PUT".to_string()], Ok(&put[..])));
-        let other = b"--b\r\nContent-Disposition: form-data; name=\"not_method\"\r\n\r\nDELETE\r\n--b--\r\n";
-        let (seen, got) = watch(Form::Multipart, other, &[30]);
-        assert!(seen.is_empty() && got.is_ok());
+        passed_wherever_cut(Form::Multipart, put);
     }
 
     #[test]
-    fn only_a_post_form_is_watched() {
-        let h = |ct: &str| {
+    fn only_a_post_form_where_another_method_is_refused_is_watched() {
+        let h = |pairs: &[(&str, &str)]| {
             let mut h = HeaderMap::new();
-            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            for (k, v) in pairs {
+                h.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            }
             h
         };
-        assert_eq!(form_of(&Method::POST, &HeaderMap::new()), Some(Form::UrlEncoded));
-        assert_eq!(
-            form_of(&Method::POST, &h("Application/X-WWW-Form-Urlencoded; charset=utf-8")),
-            Some(Form::UrlEncoded)
-        );
-        assert_eq!(form_of(&Method::POST, &h("multipart/form-data; boundary=b")), Some(Form::Multipart));
-        assert_eq!(form_of(&Method::POST, &h("application/json")), None);
-        assert_eq!(form_of(&Method::PUT, &HeaderMap::new()), None);
+        let no_delete = || -> Judge { Box::new(|m: &str| (m == "DELETE").then(|| "no".to_string())) };
+        let anything = || -> Judge { Box::new(|_: &str| None) };
+        let form = |p: Plan| match p {
+            Plan::Watch(f, _) => Some(f),
+            Plan::Pass => None,
+            Plan::Refuse(why) => panic!("{why}"),
+        };
+        let post = Method::POST;
+        assert_eq!(form(plan(&post, &HeaderMap::new(), true, no_delete)), Some(Form::UrlEncoded));
+        for ct in [
+            "Application/X-WWW-Form-Urlencoded; charset=utf-8",
+            "application/x-www-form-urlencoded,",
+            "application/x-www-form-urlencoded x",
+        ] {
+            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::UrlEncoded), "{ct}");
+        }
+        for ct in ["multipart/form-data; boundary=b", "multipart/mixed; boundary=b", "multipart/form-data,boundary=b"] {
+            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::Multipart), "{ct}");
+        }
+        assert_eq!(form(plan(&post, &h(&[("content-type", "application/json")]), true, no_delete)), None);
+        assert_eq!(form(plan(&post, &HeaderMap::new(), true, anything)), None, "nothing else is refused");
+        assert_eq!(form(plan(&Method::PUT, &HeaderMap::new(), true, no_delete)), None);
+        assert_eq!(form(plan(&post, &HeaderMap::new(), false, no_delete)), None);
+        let gz = h(&[("content-type", "application/x-www-form-urlencoded"), ("content-encoding", "gzip")]);
+        assert!(matches!(plan(&post, &gz, true, no_delete), Plan::Refuse(_)));
+        assert!(matches!(plan(&post, &gz, true, anything), Plan::Pass));
+        let two = h(&[("content-type", "application/json"), ("content-type", "application/x-www-form-urlencoded")]);
+        assert!(matches!(plan(&post, &two, true, no_delete), Plan::Refuse(_)));
     }
 }

@@ -18,11 +18,13 @@ struct Kind {
     same: &'static [&'static [u8]],
 }
 
-const KINDS: [Kind; 2] = [
+const KINDS: [Kind; 3] = [
     // `charset=` (a parameter, a form field) or, in a multipart part, a line break.
     Kind { word: b"charset", says: b"=\r\n", same: &[b"utf-8", b"utf8", b"us-ascii", b"ascii"] },
     // A multipart part's body in base64 or quoted-printable: decoded upstream.
     Kind { word: b"content-transfer-encoding", says: b":", same: &[b"7bit", b"8bit", b"binary"] },
+    // An XML declaration's `encoding="..."` (a JDK parser reads EBCDIC by it).
+    Kind { word: b"encoding", says: b"=", same: &[b"utf-8", b"utf8", b"us-ascii", b"ascii"] },
 ];
 
 /// The longest label read; a longer run is no label this allows.
@@ -47,7 +49,7 @@ struct Reading {
 /// What the sandbox's bytes so far say about how the value would be read.
 #[derive(Clone, Default)]
 pub struct Charset {
-    reading: [Reading; 2],
+    reading: [Reading; 3],
     /// Bytes read (a body's first [`SNIFFED`] are sniffed).
     seen: usize,
     /// A byte order mark or NUL at the start, or a declaration of another reading.
@@ -158,6 +160,7 @@ mod tests {
             b"Content-Type: text/plain; CHARSET=\"cp037\"\r\n\r\n",
             b"Content-Transfer-Encoding: base64\r\n\r\n",
             b"content-transfer-encoding: Quoted-Printable\r\n\r\n",
+            b"<?xml version=\"1.0\" encoding=\"IBM037\"?>",
             b"{\0\"\0k\0",
             b"\xff\xfe{",
             // A label not ended yet is not known to be UTF-8.
@@ -176,6 +179,8 @@ mod tests {
             b"<meta charset=\"utf-8\">",
             b"_charset_=us-ascii&key=",
             b"Content-Transfer-Encoding: 8bit\r\n\r\n",
+            b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>",
+            b"Content-Encoding: gzip",
             b"{\"k\": \"caf\xc3\xa9 chars et\"}",
             // The word in prose, or as a JSON key, declares nothing.
             b"{\"q\": \"Which charset does this page use?\"}",

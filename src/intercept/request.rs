@@ -289,10 +289,18 @@ pub async fn handle(
     // A POST whose form names another method (`_method=DELETE`) is judged as that
     // method too, as the body streams (Rails, Laravel and Symfony run it as one).
     let refused_method = Arc::new(std::sync::OnceLock::new());
-    if has_body && let Some(form) = method_field::form_of(&parts.method, &parts.headers) {
+    let judge = || {
         let headers = crate::door::headers::rule_headers(&parts.headers);
-        let judge = method_field::judge(identity.policy.clone(), target.clone(), path.clone(), headers);
-        body = method_field::watch(body, form, judge, refused_method.clone()).boxed_unsync();
+        method_field::judge(identity.policy.clone(), target.clone(), path.clone(), headers)
+    };
+    match method_field::plan(&parts.method, &parts.headers, has_body, judge) {
+        method_field::Plan::Pass => {}
+        method_field::Plan::Refuse(hint) => {
+            return finish(&mut rec, DenyReason::RequestNotAllowed, None, &hint, Entry::Identified);
+        }
+        method_field::Plan::Watch(form, judge) => {
+            body = method_field::watch(body, form, judge, refused_method.clone()).boxed_unsync();
+        }
     }
     // Why a placeholder in the body was refused, if it was: the upstream saw the
     // body end in an error, whatever protocol reports that.

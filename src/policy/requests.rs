@@ -300,6 +300,28 @@ pub fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (String, String)
     })
 }
 
+/// Whether a field name (decoded) is `_method` as some framework reads it: leading
+/// spaces, quotes, backslashes, `[`, `]` and `<` dropped, `.` and spaces read as `_`,
+/// backslashes removed, and the name cut at the first byte that cannot be part of it
+/// (a NUL, `[`, `,`, a quote).
+pub fn is_method_name(raw: &[u8]) -> bool {
+    let mut name = Vec::with_capacity(8);
+    for &b in raw {
+        let b = b.to_ascii_lowercase();
+        match b {
+            b'\\' => continue,
+            b' ' | b'\t' | b'"' | b'\'' | b'[' | b']' | b'<' | b'+' if name.is_empty() => continue,
+            b'.' | b' ' => name.push(b'_'),
+            b'a'..=b'z' | b'0'..=b'9' | b'_' => name.push(b),
+            _ => break,
+        }
+        if name.len() > 7 {
+            return false;
+        }
+    }
+    name == b"_method"
+}
+
 /// `s` with each `%XX` decoded once, and `+` as a space when `plus` (a form).
 pub fn percent_decode(s: &[u8], plus: bool) -> Vec<u8> {
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
