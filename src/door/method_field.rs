@@ -27,8 +27,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const VALUE_MAX: usize = 256;
 /// The longest part-header line read whole; a longer `Content-Disposition` is refused.
 const LINE_MAX: usize = 8192;
-/// Methods a `_method` field may name, besides the request's own POST.
-const OTHERS: [&str; 10] = ["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "LINK", "UNLINK", "TRACE", "PURGE"];
+/// Methods a `_method` field may name, besides the request's own POST and those the
+/// policy's request rules name; `UNLISTED` stands for any other (Symfony takes any
+/// upper-case word).
+const OTHERS: [&str; 11] =
+    ["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "LINK", "UNLINK", "TRACE", "PURGE", "UNLISTED"];
 
 /// The form a body is read as by the frameworks that honour `_method`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +45,12 @@ pub enum Form {
 
 /// Says why a method a field names is refused, if the rules refuse it.
 pub type Judge = Box<dyn FnMut(&str) -> Option<String> + Send>;
+
+/// A [`Judge`], and the methods worth asking it about before a body is watched.
+pub struct Judging {
+    pub judge: Judge,
+    pub methods: Vec<String>,
+}
 
 /// A request body watched for `_method` fields.
 pub type Watched<B> = Rewritten<B, MethodFields>;
@@ -60,8 +69,10 @@ pub enum Plan {
 /// The [`Judge`] of a request to `target` at `path` (with its query) under `policy`:
 /// each method is decided as the request's own would be, with the same headers.
 /// Report mode refuses nothing.
-pub fn judge(policy: Arc<Policy>, target: Target, path: String, headers: Vec<(String, String)>) -> Judge {
-    Box::new(move |m: &str| {
+pub fn judge(policy: Arc<Policy>, target: Target, path: String, headers: Vec<(String, String)>) -> Judging {
+    let named = policy.request_rules().iter().flat_map(|r| r.methods.iter().cloned());
+    let methods = OTHERS.iter().map(|m| m.to_string()).chain(named).collect();
+    let judge = Box::new(move |m: &str| {
         let subject = Subject::Request {
             target: target.clone(),
             method: m.to_string(),
@@ -75,17 +86,18 @@ pub fn judge(policy: Arc<Policy>, target: Target, path: String, headers: Vec<(St
                  refuse; the request was not sent"
             )
         })
-    })
+    });
+    Judging { judge, methods }
 }
 
 /// What to do about a request with this head: only a POST with a body, and only where
-/// the rules refuse some other method ([`OTHERS`]) `judge` is asked about, is watched.
-pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judge: impl FnOnce() -> Judge) -> Plan {
+/// the rules refuse some other method ([`Judging::methods`]), is watched.
+pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl FnOnce() -> Judging) -> Plan {
     if method != Method::POST || !has_body {
         return Plan::Pass;
     }
-    let mut judge = judge();
-    let Some(refused) = OTHERS.iter().find(|m| judge(m).is_some()) else { return Plan::Pass };
+    let Judging { mut judge, methods } = judging();
+    let Some(refused) = methods.iter().find(|m| *m != "POST" && judge(m).is_some()) else { return Plan::Pass };
     let mut types = headers.get_all(header::CONTENT_TYPE).iter();
     let (first, second) = (types.next(), types.next());
     if second.is_some() {
@@ -145,13 +157,13 @@ impl Default for Pair {
 struct Lines {
     /// The current line so far (bounded).
     line: Vec<u8>,
-    /// The current line is longer than [`LINE_MAX`].
+    /// The current line is longer than its bound.
     long: bool,
-    /// After a header line naming `_method`: waiting for the blank line before its value.
+    /// The last byte was a CR (a LF after it ends no second line).
+    after_cr: bool,
+    /// A line named `_method` since the last boundary.
     named: bool,
-    /// The last header line was `Content-Disposition`, which a folded line continues.
-    disposition: bool,
-    /// The next line is a `_method` part's value.
+    /// The next line is a value to judge.
     value: bool,
 }
 
@@ -224,62 +236,68 @@ impl MethodFields {
     }
 
     /// One line of a multipart body, whole (without its line break); `last` if the
-    /// body ended inside it.
+    /// body ended inside it. A line naming `_method` (a `name` parameter anywhere in
+    /// it, a `Content-ID`, a continuation too) makes the line after every blank line a
+    /// value to judge, until a boundary (`--`) line.
     fn line(&mut self, last: bool) -> Result<(), BoxError> {
         let line = std::mem::take(&mut self.lines.line);
         let long = std::mem::take(&mut self.lines.long);
-        let line = line.strip_suffix(b"\r").unwrap_or(&line);
         if self.lines.value {
             self.lines.value = false;
-            return if long {
-                Err(self.refuse(format!("a _method form part longer than {VALUE_MAX} bytes")))
-            } else {
-                self.check(line)
-            };
+            if long {
+                return Err(self.refuse(format!("a _method form part longer than {VALUE_MAX} bytes")));
+            }
+            self.check(&line)?;
         }
         if line.is_empty() {
             self.lines.value = self.lines.named && !last;
+            return Ok(());
+        }
+        if line.starts_with(b"--") {
             self.lines.named = false;
-            self.lines.disposition = false;
+        }
+        if long {
+            if self.lines.named {
+                return Err(self.refuse("a multipart line too long to read for a _method name".into()));
+            }
             return Ok(());
         }
         let lower = line.to_ascii_lowercase();
-        let header = lower.trim_ascii_start();
-        let folded = line.first().is_some_and(|b| matches!(b, b' ' | b'\t')) && self.lines.disposition;
-        let disposition = header.starts_with(b"content-disposition");
-        if header.starts_with(b"content-id") {
-            let value = header.splitn(2, |&b| b == b':').nth(1).unwrap_or_default();
+        if let Some(at) = find(&lower, b"content-id") {
+            let value = lower[at + 10..].trim_ascii_start();
+            let value = value.strip_prefix(b":").unwrap_or(value);
             self.lines.named |= is_method_name(value.trim_ascii());
-        } else if disposition || folded {
-            if long {
-                return Err(
-                    self.refuse("a multipart Content-Disposition line too long to read for a _method name".into())
-                );
-            }
-            for param in header.split(|&b| b == b';') {
-                let Some((key, value)) = param.split_once_byte(b'=') else { continue };
-                let key = key.trim_ascii();
-                if key == b"name" || key == b"name*" {
-                    // RFC 2231: `name*=utf-8''_method`, percent-encoded.
-                    let value = value.rsplit_once_str(b"''").map_or(value, |(_, v)| v);
-                    let decoded = crate::policy::requests::percent_decode(value.trim_ascii(), false);
-                    self.lines.named |= is_method_name(&decoded);
-                }
+        }
+        for param in lower.split(|&b| b == b';') {
+            let Some(eq) = param.iter().position(|&b| b == b'=') else { continue };
+            let (key, value) = (param[..eq].trim_ascii(), &param[eq + 1..]);
+            // `name`, as a parameter or at the end of a header (`: name=`).
+            let key = key.rsplit(|&b| b == b' ' || b == b':').next().unwrap_or(key);
+            if key == b"name" || key == b"name*" {
+                // RFC 2231: `name*=utf-8''_method`, percent-encoded.
+                let value = value.windows(2).rposition(|w| w == b"''").map_or(value, |at| &value[at + 2..]);
+                let decoded = crate::policy::requests::percent_decode(value.trim_ascii(), false);
+                self.lines.named |= is_method_name(&decoded);
             }
         }
-        self.lines.disposition = disposition || folded;
         Ok(())
     }
 
-    /// One byte of a multipart body; `None` is its end.
+    /// One byte of a multipart body; `None` is its end. A line ends at LF, CR or CRLF.
     fn multipart(&mut self, b: Option<u8>) -> Result<(), BoxError> {
+        let after_cr = std::mem::take(&mut self.lines.after_cr);
         match b {
             None => {
                 if !self.lines.line.is_empty() || self.lines.value {
                     self.line(true)?;
                 }
             }
+            Some(b'\n') if after_cr => {}
             Some(b'\n') => self.line(false)?,
+            Some(b'\r') => {
+                self.lines.after_cr = true;
+                self.line(false)?;
+            }
             Some(b) => {
                 let cap = if self.lines.value { VALUE_MAX + 1 } else { LINE_MAX };
                 if self.lines.line.len() < cap {
@@ -293,29 +311,17 @@ impl MethodFields {
     }
 
     fn byte(&mut self, b: Option<u8>) -> Result<(), BoxError> {
-        match self.form {
-            Form::UrlEncoded => self.urlencoded(b),
-            Form::Multipart => self.multipart(b),
+        // A multipart body is read as a form too: Rack reads a multipart type whose
+        // boundary it cannot find as urlencoded.
+        if self.form == Form::Multipart {
+            self.multipart(b)?;
         }
+        self.urlencoded(b)
     }
 }
 
-/// Splits at the first `sep`, and at the last `''`.
-trait SplitBytes {
-    fn split_once_byte(&self, sep: u8) -> Option<(&[u8], &[u8])>;
-    fn rsplit_once_str(&self, sep: &[u8]) -> Option<(&[u8], &[u8])>;
-}
-
-impl SplitBytes for [u8] {
-    fn split_once_byte(&self, sep: u8) -> Option<(&[u8], &[u8])> {
-        let at = self.iter().position(|&b| b == sep)?;
-        Some((&self[..at], &self[at + 1..]))
-    }
-
-    fn rsplit_once_str(&self, sep: &[u8]) -> Option<(&[u8], &[u8])> {
-        let at = self.windows(sep.len()).rposition(|w| w == sep)?;
-        Some((&self[..at], &self[at + sep.len()..]))
-    }
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 impl Rewrite for MethodFields {
@@ -441,14 +447,25 @@ mod tests {
             b"--b\r\nContent-Disposition: form-data; name*=utf-8''%5Fmethod\r\n\r\nDELETE\r\n--b--\r\n",
             b"--b\r\nContent-Disposition: form-data;\r\n name=\"_method\"\r\n\r\nDELETE\r\n--b--\r\n",
             b"--b\r\nContent-Disposition: form-data; name=                    \"_method\"\r\n\r\nDELETE\r\n--b--\r\n",
+            // Rack reads a multipart type without a boundary as urlencoded.
+            b"_method=DELETE",
+            // Not at a line's start, after a lone CR, a continuation without white
+            // space, a leading `;`.
+            b"--b\r\nX-A: Content-Disposition: form-data; name=_method\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nX-A: 1\rContent-Disposition: form-data; name=_method\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data;\r\nname=_method\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data\r\n; name=\"_method\"\r\n\r\nDELETE\r\n--b--\r\n",
+            // A bare LF blank line inside what Rack reads as the part's head.
+            b"--b\r\nContent-Disposition: form-data; name=\"_method\"\r\n\nX-Pad: 1\r\n\r\nDELETE\r\n--b--\r\n",
             // Bare LF after the name, CRLF later: the value is the line after the
             // first blank line.
             b"--b\r\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\r\n--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\nPOST\r\n--b--\r\n",
         ] {
             refused_wherever_cut(Form::Multipart, input);
         }
-        // A file whose text names `_method` is not a part header.
-        let html = b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"v.html\"\r\n\r\n<input name=\"_method\" value=\"delete\">\n\nDELETE\r\n--b--\r\n";
+        // A file whose text names `_method` passes unless a blank line and a refused
+        // method follow within its part (boundaries are not tracked: read as a head).
+        let html = b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"v.html\"\r\n\r\n<input name=\"_method\" value=\"delete\">\n<p>Delete it?</p>\r\n--b--\r\n";
         passed_wherever_cut(Form::Multipart, html);
         let put = b"--b\r\nContent-Disposition: form-data; name=_method\r\n\r\nPUT\r\n--b--\r\n";
         passed_wherever_cut(Form::Multipart, put);
@@ -463,8 +480,15 @@ mod tests {
             }
             h
         };
-        let no_delete = || -> Judge { Box::new(|m: &str| (m == "DELETE").then(|| "no".to_string())) };
-        let anything = || -> Judge { Box::new(|_: &str| None) };
+        let judging = |judge: Judge| Judging { judge, methods: OTHERS.iter().map(|m| m.to_string()).collect() };
+        let no_delete = || judging(Box::new(|m: &str| (m == "DELETE").then(|| "no".to_string())));
+        let anything = || judging(Box::new(|_: &str| None));
+        // A method only the policy names is asked about too.
+        let no_move = || Judging {
+            judge: Box::new(|m: &str| (m == "MOVE").then(|| "no".to_string())),
+            methods: vec!["MOVE".into()],
+        };
+        assert!(matches!(plan(&Method::POST, &HeaderMap::new(), true, no_move), Plan::Watch(..)));
         let form = |p: Plan| match p {
             Plan::Watch(f, _) => Some(f),
             Plan::Pass => None,
