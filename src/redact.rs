@@ -190,21 +190,66 @@ pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (out, buf[took..].to_vec())
 }
 
-/// Spellings of secrets, each replaced by [`MARK`].
-struct Forms {
-    forms: Vec<Vec<u8>>,
-    /// The forms by the byte they begin with.
+/// Byte strings looked for in one pass, leftmost and longest first (a secret's
+/// spellings here; placeholders in `intercept::placeholders`).
+pub struct Patterns {
+    patterns: Vec<Vec<u8>>,
+    /// The patterns by the byte they begin with.
     by_first: Vec<Vec<usize>>,
 }
 
+/// What [`Patterns::step`] found at the start of what is left.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// This many bytes belong to no pattern.
+    Plain(usize),
+    /// What is left could still become a pattern: wait for more.
+    Wait,
+    /// Pattern `i` (its index as given) begins here.
+    Found(usize),
+}
+
+impl Patterns {
+    /// Empty patterns are never found.
+    pub fn new<'a>(patterns: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let patterns: Vec<Vec<u8>> = patterns.into_iter().map(<[u8]>::to_vec).collect();
+        let mut by_first = vec![Vec::new(); 256];
+        for (i, p) in patterns.iter().enumerate() {
+            if let Some(&b) = p.first() {
+                by_first[usize::from(b)].push(i);
+            }
+        }
+        Patterns { patterns, by_first }
+    }
+
+    pub fn len(&self, i: usize) -> usize {
+        self.patterns.get(i).map_or(0, Vec::len)
+    }
+
+    /// What begins `rest` (not empty). With `more` (more bytes to come), a `rest`
+    /// that is the start of a longer pattern is [`Step::Wait`].
+    pub fn step(&self, rest: &[u8], more: bool) -> Step {
+        let next = rest.iter().position(|&b| !self.by_first[usize::from(b)].is_empty()).unwrap_or(rest.len());
+        if next > 0 {
+            return Step::Plain(next);
+        }
+        let candidates = self.by_first[usize::from(rest[0])].iter().map(|&i| (i, &self.patterns[i]));
+        if more && candidates.clone().any(|(_, p)| p.len() > rest.len() && p.starts_with(rest)) {
+            return Step::Wait;
+        }
+        match candidates.filter(|(_, p)| rest.starts_with(p)).max_by_key(|(_, p)| p.len()) {
+            Some((i, _)) => Step::Found(i),
+            None => Step::Plain(1),
+        }
+    }
+}
+
+/// Spellings of secrets, each replaced by [`MARK`].
+struct Forms(Patterns);
+
 impl Forms {
     fn new<'a>(forms: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let forms: Vec<Vec<u8>> = forms.into_iter().filter(|f| !f.is_empty()).map(<[u8]>::to_vec).collect();
-        let mut by_first = vec![Vec::new(); 256];
-        for (i, f) in forms.iter().enumerate() {
-            by_first[usize::from(f[0])].push(i);
-        }
-        Forms { forms, by_first }
+        Forms(Patterns::new(forms))
     }
 
     /// `buf` with every form replaced, leftmost and longest first. With `more` (a
@@ -213,26 +258,19 @@ impl Forms {
     fn scrub(&self, buf: &[u8], more: bool) -> (Vec<u8>, usize) {
         let mut out = Vec::with_capacity(buf.len());
         let mut at = 0;
-        while let Some(next) = buf[at..].iter().position(|&b| !self.by_first[usize::from(b)].is_empty()) {
-            out.extend_from_slice(&buf[at..at + next]);
-            at += next;
-            let rest = &buf[at..];
-            let candidates = self.by_first[usize::from(rest[0])].iter().map(|&i| &self.forms[i]);
-            if more && candidates.clone().any(|f| f.len() > rest.len() && f.starts_with(rest)) {
-                return (out, at);
-            }
-            match candidates.filter(|f| rest.starts_with(f)).map(|f| f.len()).max() {
-                Some(n) => {
-                    out.extend_from_slice(MARK.as_bytes());
+        while at < buf.len() {
+            match self.0.step(&buf[at..], more) {
+                Step::Plain(n) => {
+                    out.extend_from_slice(&buf[at..at + n]);
                     at += n;
                 }
-                None => {
-                    out.push(rest[0]);
-                    at += 1;
+                Step::Wait => return (out, at),
+                Step::Found(i) => {
+                    out.extend_from_slice(MARK.as_bytes());
+                    at += self.0.len(i);
                 }
             }
         }
-        out.extend_from_slice(&buf[at..]);
         (out, buf.len())
     }
 }

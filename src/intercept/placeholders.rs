@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use super::charset::Charset;
-use crate::redact::{Rewrite, Rewritten};
+use crate::redact::{Patterns, Rewrite, Rewritten, Step};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -34,6 +34,19 @@ pub enum Then {
 pub struct Swap {
     pub placeholder: Vec<u8>,
     pub then: Then,
+}
+
+/// The placeholders of a pass and what replaces each, found in one pass.
+pub struct Swaps {
+    pub list: Vec<Swap>,
+    patterns: Patterns,
+}
+
+impl Swaps {
+    pub fn new(list: Vec<Swap>) -> Self {
+        let patterns = Patterns::new(list.iter().map(|s| s.placeholder.as_slice()));
+        Swaps { list, patterns }
+    }
 }
 
 /// Why a pass stopped, with the index of the placeholder in the caller's list.
@@ -64,35 +77,19 @@ impl Output {
     /// Appends `input` with its placeholders replaced. With `more` (a body's chunk,
     /// more to come), stops before a tail that could still become a placeholder and
     /// returns how many bytes of `input` it took; otherwise takes all.
-    pub fn push(&mut self, input: &[u8], swaps: &[Swap], more: bool) -> Result<usize, Stop> {
-        let mut firsts = [false; 256];
-        for s in swaps {
-            if let Some(&b) = s.placeholder.first() {
-                firsts[usize::from(b)] = true;
-            }
-        }
+    pub fn push(&mut self, input: &[u8], swaps: &Swaps, more: bool) -> Result<usize, Stop> {
         let mut at = 0;
         while at < input.len() {
-            let Some(next) = input[at..].iter().position(|&b| firsts[usize::from(b)]) else {
-                self.own(&input[at..]);
-                return Ok(input.len());
+            let i = match swaps.patterns.step(&input[at..], more) {
+                Step::Plain(n) => {
+                    self.own(&input[at..at + n]);
+                    at += n;
+                    continue;
+                }
+                Step::Wait => return Ok(at),
+                Step::Found(i) => i,
             };
-            self.own(&input[at..at + next]);
-            at += next;
-            let rest = &input[at..];
-            if more && swaps.iter().any(|s| s.placeholder.len() > rest.len() && s.placeholder.starts_with(rest)) {
-                return Ok(at);
-            }
-            let longest = swaps
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.placeholder.is_empty() && rest.starts_with(&s.placeholder))
-                .max_by_key(|(_, s)| s.placeholder.len());
-            let Some((i, s)) = longest else {
-                self.own(&rest[..1]);
-                at += 1;
-                continue;
-            };
+            let s = &swaps.list[i];
             match &s.then {
                 Then::Refuse => return Err(Stop::Refused(i)),
                 Then::Keep => self.own(&s.placeholder),
@@ -259,7 +256,7 @@ pub fn why(stop: &Stop, swaps: &[Swap], place: &str) -> String {
 /// upstream never gets a request that looks complete; why is left in `refused` for
 /// the answer.
 pub struct Substitute {
-    swaps: Vec<Swap>,
+    swaps: Swaps,
     /// The last bytes written (for the next check), and where the sandbox's own begin.
     out: Output,
     refused: Arc<OnceLock<String>>,
@@ -269,7 +266,7 @@ impl Rewrite for Substitute {
     fn rewrite(&mut self, input: &[u8], more: bool) -> Result<(Bytes, Vec<u8>), BoxError> {
         let kept = self.out.bytes.len();
         let taken = self.out.push(input, &self.swaps, more).map_err(|stop| {
-            let why = why(&stop, &self.swaps, "body");
+            let why = why(&stop, &self.swaps.list, "body");
             let _ = self.refused.set(why.clone());
             BoxError::from(why)
         })?;
@@ -289,7 +286,7 @@ pub fn body<B>(
     refused: Arc<OnceLock<String>>,
 ) -> Rewritten<B, Substitute> {
     let out = Output { charset: declared, ..Output::default() };
-    Rewritten::new(inner, Substitute { swaps, out, refused })
+    Rewritten::new(inner, Substitute { swaps: Swaps::new(swaps), out, refused })
 }
 
 #[cfg(test)]
@@ -305,7 +302,7 @@ mod tests {
 
     fn substitute(input: &[u8], swaps: &[Swap]) -> Result<Vec<u8>, Stop> {
         let mut out = Output::default();
-        assert_eq!(out.push(input, swaps, false)?, input.len());
+        assert_eq!(out.push(input, &Swaps::new(swaps.to_vec()), false)?, input.len());
         Ok(out.bytes)
     }
 
@@ -418,7 +415,7 @@ mod tests {
             charset: crate::intercept::charset::declared([&b"text/plain; charset=utf-16le"[..]]),
             ..Output::default()
         };
-        assert_eq!(out.push(b"EGRESS_SECRET_a", &swaps, false), Err(Stop::Foreign(0)));
+        assert_eq!(out.push(b"EGRESS_SECRET_a", &Swaps::new(swaps.to_vec()), false), Err(Stop::Foreign(0)));
         // A value written is not read for a declaration: only the sandbox's bytes are.
         let kept = [write("EGRESS_SECRET_a", "charset=utf-16 "), write("EGRESS_SECRET_b", "B")];
         assert_eq!(substitute(b"EGRESS_SECRET_a EGRESS_SECRET_b", &kept).unwrap(), b"charset=utf-16  B");

@@ -14,7 +14,7 @@ use crate::config::{PLACEHOLDER_PREFIX, SecretConfig};
 use crate::secret::Secret;
 
 use super::charset::{self, Charset};
-use super::placeholders::{Output, Stop, Swap, Then, why};
+use super::placeholders::{Output, Stop, Swap, Swaps, Then, why};
 
 /// What was put in place of placeholders, and what every response from the host is
 /// redacted of: every value bound to it for this sandbox (a value swapped in by one
@@ -90,7 +90,7 @@ fn find(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 /// One pass of `swaps` over `input` ([`Output::push`]), or why not.
-fn substitute(input: &[u8], swaps: &[Swap]) -> Result<Output, Stop> {
+fn substitute(input: &[u8], swaps: &Swaps) -> Result<Output, Stop> {
     let mut out = Output::default();
     out.push(input, swaps, false)?;
     Ok(out)
@@ -133,13 +133,14 @@ pub fn swap(
             .collect()
     };
 
+    // In headers, Basic credentials included: each bound value, or a refusal.
+    let heads = Swaps::new(swaps(&|i| bound[i].map_or(Then::Refuse, |v| Then::Write(v.as_bytes().to_vec()))));
     let in_headers = parts.headers.values().any(|v| find(v.as_bytes(), prefix));
     if in_headers {
-        let heads = swaps(&|i| bound[i].map_or(Then::Refuse, |v| Then::Write(v.as_bytes().to_vec())));
         for (name, v) in parts.headers.iter_mut().filter(|(_, v)| find(v.as_bytes(), prefix)) {
             let done = substitute(v.as_bytes(), &heads).map_err(|stop| match stop {
                 Stop::Refused(i) => misuse(&secrets[i], host, "headers"),
-                other => here(why(&other, &heads, "headers")),
+                other => here(why(&other, &heads.list, "headers")),
             })?;
             // `Basic` takes base64: an upstream would decode the value itself into
             // other bytes, which come back past the redactor.
@@ -166,10 +167,9 @@ pub fn swap(
     // the placeholder is replaced inside, and the whole encoded again.
     for (_, v) in parts.headers.iter_mut().filter(|(k, _)| **k == http::header::AUTHORIZATION) {
         let Some(decoded) = basic_credentials(v.as_bytes()).filter(|d| find(d, prefix)) else { continue };
-        let heads = swaps(&|i| bound[i].map_or(Then::Refuse, |v| Then::Write(v.as_bytes().to_vec())));
         let done = substitute(&decoded, &heads).map_err(|stop| match stop {
             Stop::Refused(i) => misuse(&secrets[i], host, "Basic credentials"),
-            other => here(why(&other, &heads, "Basic credentials")),
+            other => here(why(&other, &heads.list, "Basic credentials")),
         })?;
         out.used |= !done.written.is_empty();
         let encoded = base64::engine::general_purpose::STANDARD.encode(&done.bytes);
@@ -199,10 +199,10 @@ pub fn swap(
         if let Some(query) = query {
             let escaped: Vec<Option<String>> =
                 bound.iter().map(|v| v.map(|v| crate::redact::percent_escape(v, true))).collect();
-            let queries = swaps(&|i| match &escaped[i] {
+            let queries = Swaps::new(swaps(&|i| match &escaped[i] {
                 Some(e) if secrets[i].query => Then::Write(e.clone().into_bytes()),
                 _ => Then::Refuse,
-            });
+            }));
             let done = substitute(query.as_bytes(), &queries).map_err(|stop| match stop {
                 Stop::Refused(i) if bound[i].is_none() => misuse(&secrets[i], host, "query"),
                 Stop::Refused(i) => here(format!(
@@ -210,7 +210,7 @@ pub fn swap(
                     secrets[i].placeholder(),
                     secrets[i].name
                 )),
-                other => here(why(&other, &queries, "query")),
+                other => here(why(&other, &queries.list, "query")),
             })?;
             for &i in &done.written {
                 out.used = true;
