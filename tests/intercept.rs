@@ -245,6 +245,8 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
             "--data-binary",
             "--b\r\nContent-ID: _method\r\n\r\nDELETE\r\n--b--\r\n",
         ],
+        // Laravel reads a JSON body's top-level `_method` key.
+        vec!["-H", "Content-Type: application/json", "--data-binary", r#"{"a":[1,"}"],"\u005fmethod":"delete"}"#],
     ] {
         // (The head may have gone: the origin records heads, not whole requests.)
         let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));
@@ -258,7 +260,14 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
     let r = curl(&w, &w.gw_ca, &gz, &url("inspect.test", "/echo"));
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(r.body.contains("cannot be read for a _method field"), "{}", r.body);
-    for args in [vec!["--data", "_method=GET&x=1"], vec!["--data", "x_method=DELETE"], vec!["-F", "_method=GET"]] {
+    let json = ["-H", "Content-Type: application/json", "--data-binary"];
+    for args in [
+        vec!["--data", "_method=GET&x=1"],
+        vec!["--data", "x_method=DELETE"],
+        vec!["-F", "_method=GET"],
+        [&json[..], &[r#"{"_method":"get","b":{"_method":"DELETE"}}"#]].concat(),
+        [&json[..], &[r#"{"a":{"_method":"DELETE"}}"#]].concat(),
+    ] {
         let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));
         assert_eq!(r.status, 200, "{args:?}: {}", r.body);
     }

@@ -1,6 +1,7 @@
 //! A method named in a form body. Rails (`Rack::MethodOverride`), Laravel and Symfony
 //! run a POST whose form carries `_method=DELETE` as a DELETE, and read the field from
-//! the body (the query's is judged by `Policy::decide_request`). Where the request
+//! the body (the query's is judged by `Policy::decide_request`); Laravel reads a JSON
+//! body's top-level `_method` key the same way ([`json`]). Where the request
 //! rules treat some other method differently from this POST ([`plan`]), the body is
 //! watched as it streams ([`MethodFields`]): each method a field names is judged as the
 //! request's own, and one the rules refuse ends the body with an error before its last
@@ -21,6 +22,8 @@ use crate::policy::requests::is_method_name;
 use crate::policy::{self, Policy, Subject};
 use crate::redact::{Rewrite, Rewritten};
 
+mod json;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The longest method name read; a longer `_method` value is refused.
@@ -33,9 +36,25 @@ const LINE_MAX: usize = 8192;
 const OTHERS: [&str; 11] =
     ["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "LINK", "UNLINK", "TRACE", "PURGE", "UNLISTED"];
 
-/// The form a body is read as by the frameworks that honour `_method`.
+/// The forms a body is read as by the frameworks that honour `_method`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
+pub struct Form {
+    /// Read as form fields.
+    pub fields: Option<Fields>,
+    /// Read as JSON: the `Content-Type` names `/json` or `+json` anywhere, as Laravel
+    /// tests it (so a form's type can make it both).
+    pub json: bool,
+}
+
+impl Form {
+    pub const URLENCODED: Form = Form { fields: Some(Fields::UrlEncoded), json: false };
+    pub const MULTIPART: Form = Form { fields: Some(Fields::Multipart), json: false };
+    pub const JSON: Form = Form { fields: None, json: true };
+}
+
+/// How form fields are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fields {
     /// `application/x-www-form-urlencoded`, or no media type (Rack parses a POST
     /// without one as a form).
     UrlEncoded,
@@ -82,7 +101,7 @@ pub fn judge(policy: Arc<Policy>, target: Target, path: String, headers: Vec<(St
         let d = policy::decide(&policy, &subject, None);
         (d.reason().is_some() && !d.report_only).then(|| {
             format!(
-                "the form field _method={m} asks the upstream to run this POST as {m}, which the request rules \
+                "the body field _method={m} asks the upstream to run this POST as {m}, which the request rules \
                  refuse; the request was not sent"
             )
         })
@@ -111,13 +130,32 @@ pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl 
         let v = v.as_bytes().trim_ascii();
         v.split(|&b| matches!(b, b';' | b',' | b' ' | b'\t')).next().unwrap_or_default()
     });
-    let form = if media.is_empty() || media.eq_ignore_ascii_case(b"application/x-www-form-urlencoded") {
-        Form::UrlEncoded
+    let fields = if media.is_empty() || media.eq_ignore_ascii_case(b"application/x-www-form-urlencoded") {
+        Some(Fields::UrlEncoded)
     } else if media.len() > 10 && media[..10].eq_ignore_ascii_case(b"multipart/") {
-        Form::Multipart
+        Some(Fields::Multipart)
     } else {
-        return Plan::Pass;
+        None
     };
+    let lower = first.map(|v| v.as_bytes().to_ascii_lowercase()).unwrap_or_default();
+    let json = find(&lower, b"/json").is_some() || find(&lower, b"+json").is_some();
+    if fields.is_none() && !json {
+        return Plan::Pass;
+    }
+    // PHP decodes JSON as UTF-8 only; Express's body parser takes any `utf-*` the
+    // type names, whose bytes this reader would not see as names.
+    let charset = lower.split(|&b| b == b';').skip(1).find_map(|param| {
+        let eq = param.iter().position(|&b| b == b'=')?;
+        let v = param[eq + 1..].trim_ascii();
+        let v = v.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(v);
+        (param[..eq].trim_ascii() == b"charset").then_some(v)
+    });
+    if json && charset.is_some_and(|c| !matches!(c, b"utf-8" | b"utf8" | b"us-ascii" | b"ascii")) {
+        return Plan::Refuse(format!(
+            "the rules refuse {refused} here, and a JSON POST body in a charset other than UTF-8 cannot be read for a \
+             _method key that would make it one; send it as UTF-8"
+        ));
+    }
     let encoded = headers
         .get_all(header::CONTENT_ENCODING)
         .iter()
@@ -128,7 +166,7 @@ pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl 
              field that would make it one; send the body unencoded"
         ));
     }
-    Plan::Watch(form, judge)
+    Plan::Watch(Form { fields, json }, judge)
 }
 
 /// `body` watched for `_method` fields of `form`; why one was refused goes in `refused`.
@@ -169,7 +207,8 @@ struct Lines {
 
 /// Watches a form body for `_method` fields; the [`Judge`] says why a method is refused.
 pub struct MethodFields {
-    form: Form,
+    fields: Option<Fields>,
+    json: Option<json::JsonFields>,
     judge: Judge,
     pair: Pair,
     lines: Lines,
@@ -178,7 +217,14 @@ pub struct MethodFields {
 
 impl MethodFields {
     pub fn new(form: Form, judge: Judge, refused: Arc<OnceLock<String>>) -> Self {
-        MethodFields { form, judge, pair: Pair::default(), lines: Lines::default(), refused }
+        MethodFields {
+            fields: form.fields,
+            json: form.json.then(json::JsonFields::default),
+            judge,
+            pair: Pair::default(),
+            lines: Lines::default(),
+            refused,
+        }
     }
 
     fn refuse(&mut self, why: String) -> BoxError {
@@ -311,12 +357,25 @@ impl MethodFields {
     }
 
     fn byte(&mut self, b: Option<u8>) -> Result<(), BoxError> {
-        // A multipart body is read as a form too: Rack reads a multipart type whose
-        // boundary it cannot find as urlencoded.
-        if self.form == Form::Multipart {
-            self.multipart(b)?;
+        if let (Some(reader), Some(b)) = (&mut self.json, b) {
+            match reader.byte(b) {
+                Some(json::Named::Method(m)) => self.check(&m)?,
+                Some(json::Named::TooLong) => {
+                    return Err(self.refuse(format!("a _method JSON value longer than {VALUE_MAX} bytes")));
+                }
+                None => {}
+            }
         }
-        self.urlencoded(b)
+        match self.fields {
+            // A multipart body is read as urlencoded too: Rack reads a multipart type
+            // whose boundary it cannot find as urlencoded.
+            Some(Fields::Multipart) => {
+                self.multipart(b)?;
+                self.urlencoded(b)
+            }
+            Some(Fields::UrlEncoded) => self.urlencoded(b),
+            None => Ok(()),
+        }
     }
 }
 
@@ -417,7 +476,7 @@ mod tests {
             b"a=1&++++++++++++++++++++++++++++++++++++++++_method=DELETE",
             b"%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20%20_method=DELETE",
         ] {
-            refused_wherever_cut(Form::UrlEncoded, input);
+            refused_wherever_cut(Form::URLENCODED, input);
         }
         for input in [
             &b"a=1&_method=PUT"[..],
@@ -426,11 +485,11 @@ mod tests {
             b"x_method=DELETE",
             b"payment_method=card",
         ] {
-            passed_wherever_cut(Form::UrlEncoded, input);
+            passed_wherever_cut(Form::URLENCODED, input);
         }
         // A long value of another field passes.
         let long = [b"k=".as_slice(), &[b'v'; 10_000]].concat();
-        let (seen, got) = watch(Form::UrlEncoded, &long, &[100, 5000]);
+        let (seen, got) = watch(Form::URLENCODED, &long, &[100, 5000]);
         assert!(seen.is_empty() && got.is_ok());
     }
 
@@ -461,14 +520,34 @@ mod tests {
             // first blank line.
             b"--b\r\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\r\n--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\nPOST\r\n--b--\r\n",
         ] {
-            refused_wherever_cut(Form::Multipart, input);
+            refused_wherever_cut(Form::MULTIPART, input);
         }
         // A file whose text names `_method` passes unless a blank line and a refused
         // method follow within its part (boundaries are not tracked: read as a head).
         let html = b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"v.html\"\r\n\r\n<input name=\"_method\" value=\"delete\">\n<p>Delete it?</p>\r\n--b--\r\n";
-        passed_wherever_cut(Form::Multipart, html);
+        passed_wherever_cut(Form::MULTIPART, html);
         let put = b"--b\r\nContent-Disposition: form-data; name=_method\r\n\r\nPUT\r\n--b--\r\n";
-        passed_wherever_cut(Form::Multipart, put);
+        passed_wherever_cut(Form::MULTIPART, put);
+    }
+
+    #[test]
+    fn json_method_keys_are_judged_however_cut() {
+        for input in [
+            &br#"{"a":1,"_method":"DELETE"}"#[..],
+            br#"{"\u005fmethod":"del\u0065te"}"#,
+            br#"{"_method":["DELETE"]}"#,
+            br#"{"_method":" delete "}"#,
+        ] {
+            refused_wherever_cut(Form::JSON, input);
+        }
+        for input in [&br#"{"a":{"_method":"DELETE"}}"#[..], br#"{"_method":"PUT"}"#, br#"{"x":"_method=DELETE"}"#] {
+            passed_wherever_cut(Form::JSON, input);
+        }
+        // Read as both, a form field inside a JSON string counts too.
+        refused_wherever_cut(Form { json: true, ..Form::URLENCODED }, br#"{"x":"&_method=DELETE&"}"#);
+        let long = format!(r#"{{"_method":"{}"}}"#, "A".repeat(VALUE_MAX * 6 + 1));
+        let (seen, got) = watch(Form::JSON, long.as_bytes(), &[]);
+        assert!(seen.is_empty() && got.unwrap_err().contains("longer than"));
     }
 
     #[test]
@@ -495,18 +574,31 @@ mod tests {
             Plan::Refuse(why) => panic!("{why}"),
         };
         let post = Method::POST;
-        assert_eq!(form(plan(&post, &HeaderMap::new(), true, no_delete)), Some(Form::UrlEncoded));
+        assert_eq!(form(plan(&post, &HeaderMap::new(), true, no_delete)), Some(Form::URLENCODED));
         for ct in [
             "Application/X-WWW-Form-Urlencoded; charset=utf-8",
             "application/x-www-form-urlencoded,",
             "application/x-www-form-urlencoded x",
         ] {
-            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::UrlEncoded), "{ct}");
+            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::URLENCODED), "{ct}");
         }
         for ct in ["multipart/form-data; boundary=b", "multipart/mixed; boundary=b", "multipart/form-data,boundary=b"] {
-            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::Multipart), "{ct}");
+            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::MULTIPART), "{ct}");
         }
-        assert_eq!(form(plan(&post, &h(&[("content-type", "application/json")]), true, no_delete)), None);
+        for ct in ["application/json", "Application/Vnd.Api+JSON; charset=UTF-8", "text/plain; x=/json"] {
+            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::JSON), "{ct}");
+        }
+        // A form whose type names `/json` is read both ways (Laravel reads it as JSON).
+        let both = h(&[("content-type", "application/x-www-form-urlencoded; profile=/json")]);
+        assert_eq!(form(plan(&post, &both, true, no_delete)), Some(Form { json: true, ..Form::URLENCODED }));
+        for ct in ["application/json; charset=utf-16", "application/json; Charset = \"UTF-32BE\""] {
+            assert!(matches!(plan(&post, &h(&[("content-type", ct)]), true, no_delete), Plan::Refuse(_)), "{ct}");
+        }
+        assert!(matches!(
+            plan(&post, &h(&[("content-type", "application/json; charset=\"utf-8\"")]), true, no_delete),
+            Plan::Watch(..)
+        ));
+        assert_eq!(form(plan(&post, &h(&[("content-type", "text/plain")]), true, no_delete)), None);
         assert_eq!(form(plan(&post, &HeaderMap::new(), true, anything)), None, "nothing else is refused");
         assert_eq!(form(plan(&Method::PUT, &HeaderMap::new(), true, no_delete)), None);
         assert_eq!(form(plan(&post, &HeaderMap::new(), false, no_delete)), None);
