@@ -115,11 +115,15 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
         '+' => Some("&#43;".into()),
         _ => named(c),
     }));
-    add(json(&|c| match c {
-        '"' => Some("&quot;".into()),
-        '\'' => Some("&#x27;".into()),
-        _ => named(c),
-    }));
+    // Python's html.escape (`&#x27;`), PHP's htmlspecialchars (`&#039;`, or `&apos;`
+    // under ENT_HTML5).
+    for apostrophe in ["&#x27;", "&#039;", "&apos;"] {
+        add(json(&|c| match c {
+            '"' => Some("&quot;".into()),
+            '\'' => Some(apostrophe.into()),
+            _ => named(c),
+        }));
+    }
     add(secret.to_ascii_uppercase());
     add(secret.to_ascii_lowercase());
     // In base64, wherever it starts (`user:` before it in Basic credentials): at each
@@ -488,6 +492,10 @@ pub(crate) mod tests {
         for lead in ["", "x", "xy"] {
             let e = base64::engine::general_purpose::STANDARD.encode(format!("{lead}sk-real+value/7d1e0cTAIL"));
             assert!(forms.iter().any(|f| f.len() >= 12 && e.contains(f.as_str())), "{e} in {forms:?}");
+        }
+        let php = echo_forms("k'\"&");
+        for form in ["k&#039;&quot;&amp;", "k&apos;&quot;&amp;", "k&#x27;&quot;&amp;"] {
+            assert!(php.iter().any(|f| f == form), "{form} in {php:?}");
         }
         let go = echo_forms("k<&>\"\\");
         for form in ["k\\u003c\\u0026\\u003e\\\"\\\\", "k<&>\\\"\\\\", "K<&>\"\\", "k&lt;&amp;&gt;&quot;\\"] {
