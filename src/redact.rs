@@ -134,7 +134,10 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
         let first = lead.div_ceil(3);
         let last = bytes.len() / 3;
         if last > first && (last - first) * 4 >= BASE64_CORE_MIN {
-            add(encoded[first * 4..last * 4].to_string());
+            let core = &encoded[first * 4..last * 4];
+            add(core.to_string());
+            // base64url (a JWT's claims): `-` and `_` for `+` and `/`.
+            add(core.replace('+', "-").replace('/', "_"));
         }
     }
     // Read as a form (`+` is a space) and echoed back.
@@ -492,6 +495,14 @@ pub(crate) mod tests {
         for lead in ["", "x", "xy"] {
             let e = base64::engine::general_purpose::STANDARD.encode(format!("{lead}sk-real+value/7d1e0cTAIL"));
             assert!(forms.iter().any(|f| f.len() >= 12 && e.contains(f.as_str())), "{e} in {forms:?}");
+        }
+        // base64url, as in a JWT's claims, at any alignment.
+        let url = echo_forms("sk~>?live-0123456789");
+        for lead in ["", "x", "xy"] {
+            let e = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(format!("{{\"k\":\"{lead}sk~>?live-0123456789\"}}"));
+            assert!(e.contains('-') || e.contains('_'), "{e}");
+            assert!(url.iter().any(|f| f.len() >= 12 && e.contains(f.as_str())), "{e} in {url:?}");
         }
         let php = echo_forms("k'\"&");
         for form in ["k&#039;&quot;&amp;", "k&apos;&quot;&amp;", "k&#x27;&quot;&amp;"] {
