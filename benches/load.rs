@@ -7,7 +7,8 @@
 //! Measures, per proxy: CONNECT setups per second (connect, CONNECT, one small GET,
 //! close) with p50/p99; absolute-form keep-alive requests per second with p50/p99
 //! (wrk); tunnel throughput (4 streams of 1 GiB); resident memory per idle tunnel
-//! (5,000 idle tunnels); the proxy's CPU per setup, per request and per GiB relayed;
+//! (5,000 idle tunnels); the proxy's CPU per setup, per request and per GiB relayed
+//! (each thread's exact run time, `peers::CpuTime`);
 //! and CPU per setup again with 10 tunnels open and with the idle tunnels open (a
 //! setup's cost must not grow with what is open; `LOAD_IDLE_TUNNELS=9000` for #23);
 //! and the allocator calls per setup, counted with `perf` uprobes (`load/allocs.rs`).
@@ -187,7 +188,7 @@ async fn measure(
 
     let cpu_before = p.cpu_seconds();
     let tp = client::throughput(p, o.source, 4, stream_bytes, Duration::from_secs(120)).await;
-    let cpu = p.cpu_seconds().zip(cpu_before).map(|(a, b)| a - b);
+    let cpu = p.cpu_seconds().zip(cpu_before).map(|(a, b)| a.since(&b));
     let gib = tp.bytes as f64 / f64::from(1u32 << 30);
     row.gibps = gib / tp.elapsed.as_secs_f64();
     row.cpu_per_gib = cpu.map(|c| c / gib);
@@ -258,8 +259,8 @@ async fn setups_cpu(p: &Proxy, o: &origin::Origins, secs: Duration) -> Option<f6
 
 /// The proxy's CPU since `before`, in µs per operation; `None` for direct (no proxy
 /// process) or when nothing completed.
-fn cpu_per_op(p: &Proxy, before: Option<f64>, ops: u64) -> Option<f64> {
-    let used = p.cpu_seconds().zip(before).map(|(after, before)| after - before)?;
+fn cpu_per_op(p: &Proxy, before: Option<peers::CpuTime>, ops: u64) -> Option<f64> {
+    let used = p.cpu_seconds().zip(before).map(|(after, before)| after.since(&before))?;
     (ops > 0).then(|| used * 1e6 / ops as f64)
 }
 
