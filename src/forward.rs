@@ -340,7 +340,7 @@ async fn decide_and_send(
     // is judged as that method too, as the body streams.
     let mut watch = None;
     if let Some(policy) = &policy
-        && parts.method == http::Method::POST
+        && parts.method.as_str().eq_ignore_ascii_case("POST")
     {
         let has_body = !http_body::Body::is_end_stream(&sent_body);
         let judge = || {

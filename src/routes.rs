@@ -247,9 +247,10 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
         "upgrade",
     ];
     for (k, v) in from {
-        // CGI and WSGI backends read `x_api_key` as `x-api-key`: judged as that.
-        let name = if k.as_str().contains('_') {
-            std::borrow::Cow::Owned(k.as_str().replace('_', "-"))
+        // CGI and WSGI backends (and PHP's built-in server) read `x_api_key` and
+        // `x.api.key` as `x-api-key`: judged as that.
+        let name = if k.as_str().contains(['_', '.']) {
+            std::borrow::Cow::Owned(k.as_str().replace(['_', '.'], "-"))
         } else {
             std::borrow::Cow::Borrowed(k.as_str())
         };

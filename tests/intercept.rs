@@ -247,6 +247,18 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
         ],
         // Laravel reads a JSON body's top-level `_method` key.
         vec!["-H", "Content-Type: application/json", "--data-binary", r#"{"a":[1,"}"],"\u005fmethod":"delete"}"#],
+        // `post` is a POST (PHP under Apache upper-cases it); PHP's built-in server
+        // reads `Content_Type` as the type.
+        vec![
+            "-X",
+            "post",
+            "-H",
+            "Content-Type:",
+            "-H",
+            "Content_Type: application/json",
+            "--data-binary",
+            r#"{"_method":"DELETE"}"#,
+        ],
     ] {
         // (The head may have gone: the origin records heads, not whole requests.)
         let r = curl(&w, &w.gw_ca, &args, &url("inspect.test", "/echo"));

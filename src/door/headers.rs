@@ -57,7 +57,9 @@ pub fn unjudged_framing(method: &http::Method, h: &HeaderMap, has_body: bool) ->
              inspected host: an upstream that honours it would run what no rule judged",
         );
     }
-    if matches!(*method, http::Method::GET | http::Method::HEAD) && has_body {
+    // In any case: the rules judge `get` as GET, and some servers run it as one.
+    let m = method.as_str();
+    if (m.eq_ignore_ascii_case("GET") || m.eq_ignore_ascii_case("HEAD")) && has_body {
         return Some("a GET or HEAD request with a body is not sent on: upstreams disagree on its framing");
     }
     None
@@ -218,18 +220,19 @@ pub fn never_forwarded(h: &HeaderMap, name: &str) -> bool {
     is_gateway_only(name.as_bytes()) || connection_tokens(h).any(|t| same_field(t, name.as_bytes()))
 }
 
-/// Whether two field names are the same, with `_` and `-` alike.
+/// Whether two field names are the same, with `_`, `.` and `-` alike (PHP's built-in
+/// server and CGI read `X.HTTP.Method.Override` as `X-HTTP-Method-Override`).
 fn same_field(a: &[u8], b: &[u8]) -> bool {
-    let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
+    let fold = |c: u8| if c == b'_' || c == b'.' { b'-' } else { c.to_ascii_lowercase() };
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| fold(*x) == fold(*y))
 }
 
-/// Whether `name` is one of [`GATEWAY_ONLY`], in any case and with `_` for `-`.
+/// Whether `name` is one of [`GATEWAY_ONLY`], in any case and with `_` or `.` for `-`.
 fn is_gateway_only(name: &[u8]) -> bool {
     GATEWAY_ONLY.iter().any(|g| same_field(g.as_bytes(), name))
 }
 
-/// Removes the fields only the gateway writes from a head or trailers, with `_` for
+/// Removes the fields only the gateway writes from a head or trailers, with `_` or `.` for
 /// `-` too (`x_egress_deny_reason`), as CGI and WSGI backends read them.
 pub fn strip_gateway_fields(h: &mut HeaderMap) {
     // Almost never present: look for them in one pass rather than hash each name.
@@ -316,6 +319,7 @@ mod tests {
             ("x_egress_deny_reason", "host_denied"),
             ("proxy_status", "egress-gateway"),
             ("x-egress_budget", "upload_bytes"),
+            ("x.egress.deny.reason", "host_denied"),
             ("accept", "*/*"),
             ("x-egress-budgets", "a longer name"),
         ]);
@@ -325,6 +329,20 @@ mod tests {
         assert!(never_forwarded(&h, "x-foo") && never_forwarded(&h, "proxy-status"));
         assert!(never_forwarded(&h, "x_foo") && never_forwarded(&h, "x-bar") && never_forwarded(&h, "proxy_status"));
         assert!(!never_forwarded(&h, "accept"));
+    }
+
+    #[test]
+    fn override_fields_and_bodies_on_get_are_refused_however_spelt() {
+        let get = http::Method::from_bytes(b"get").unwrap();
+        for (method, fields, body) in [
+            (http::Method::POST, vec![("x.http.method.override", "DELETE")], false),
+            (http::Method::POST, vec![("x_http_method", "DELETE")], false),
+            (get.clone(), vec![], true),
+            (http::Method::from_bytes(b"Head").unwrap(), vec![], true),
+        ] {
+            assert!(unjudged_framing(&method, &with(&fields), body).is_some(), "{method} {fields:?}");
+        }
+        assert!(unjudged_framing(&get, &with(&[("x-http-methods", "1")]), false).is_none());
     }
 
     #[test]

@@ -15,10 +15,10 @@
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, header};
+use http::{HeaderMap, Method};
 
 use crate::addr::Target;
-use crate::policy::requests::is_method_name;
+use crate::policy::requests::{is_method_name, named_method};
 use crate::policy::{self, Policy, Subject};
 use crate::redact::{Rewrite, Rewritten};
 
@@ -110,14 +110,17 @@ pub fn judge(policy: Arc<Policy>, target: Target, path: String, headers: Vec<(St
 }
 
 /// What to do about a request with this head: only a POST with a body, and only where
-/// the rules refuse some other method ([`Judging::methods`]), is watched.
+/// the rules refuse some other method ([`Judging::methods`]), is watched. `post` in any
+/// case counts: the rules judge it as POST, and PHP under Apache upper-cases it.
 pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl FnOnce() -> Judging) -> Plan {
-    if method != Method::POST || !has_body {
+    if !method.as_str().eq_ignore_ascii_case("POST") || !has_body {
         return Plan::Pass;
     }
     let Judging { mut judge, methods } = judging();
     let Some(refused) = methods.iter().find(|m| *m != "POST" && judge(m).is_some()) else { return Plan::Pass };
-    let mut types = headers.get_all(header::CONTENT_TYPE).iter();
+    // PHP's built-in server (and CGI) reads `Content_Type` and `Content.Type` as the
+    // type too, the last one sent winning.
+    let mut types = headers.iter().filter(|(k, _)| folds_to(k.as_str().as_bytes(), b"content-type")).map(|(_, v)| v);
     let (first, second) = (types.next(), types.next());
     if second.is_some() {
         return Plan::Refuse(format!(
@@ -142,24 +145,16 @@ pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl 
     if fields.is_none() && !json {
         return Plan::Pass;
     }
-    // PHP decodes JSON as UTF-8 only; Express's body parser takes any `utf-*` the
-    // type names, whose bytes this reader would not see as names.
-    let charset = lower.split(|&b| b == b';').skip(1).find_map(|param| {
-        let eq = param.iter().position(|&b| b == b'=')?;
-        let v = param[eq + 1..].trim_ascii();
-        let v = v.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(v);
-        (param[..eq].trim_ascii() == b"charset").then_some(v)
-    });
-    if json && charset.is_some_and(|c| !matches!(c, b"utf-8" | b"utf8" | b"us-ascii" | b"ascii")) {
+    if json && names_another_utf(&lower) {
         return Plan::Refuse(format!(
             "the rules refuse {refused} here, and a JSON POST body in a charset other than UTF-8 cannot be read for a \
              _method key that would make it one; send it as UTF-8"
         ));
     }
-    let encoded = headers
-        .get_all(header::CONTENT_ENCODING)
-        .iter()
-        .any(|v| !v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"));
+    let encoded = headers.iter().filter(|(k, _)| folds_to(k.as_str().as_bytes(), b"content-encoding")).any(|(_, v)| {
+        let v = v.as_bytes().trim_ascii();
+        !v.is_empty() && !v.eq_ignore_ascii_case(b"identity")
+    });
     if encoded {
         return Plan::Refuse(format!(
             "the rules refuse {refused} here, and a POST body under Content-Encoding cannot be read for a _method \
@@ -167,6 +162,37 @@ pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl 
         ));
     }
     Plan::Watch(Form { fields, json }, judge)
+}
+
+/// Whether a field name is `name` (lower case) with `_` or `.` for `-`, in any case.
+fn folds_to(field: &[u8], name: &[u8]) -> bool {
+    let fold = |c: u8| if c == b'_' || c == b'.' { b'-' } else { c.to_ascii_lowercase() };
+    field.len() == name.len() && field.iter().zip(name).all(|(&a, &b)| fold(a) == b)
+}
+
+/// Whether a (lower-cased) `Content-Type` names, anywhere, a `charset` that is a UTF
+/// other than UTF-8. Express's body parser decodes any `utf-*` it names (UTF-16, -32,
+/// -7), whose bytes this reader would not see as names; PHP reads the bytes as UTF-8
+/// whatever the type says. Every `charset=` counts, quoted or not, first or last, so
+/// no reading of the parameters hides one.
+fn names_another_utf(content_type: &[u8]) -> bool {
+    let mut rest = content_type;
+    while let Some(at) = find(rest, b"charset") {
+        rest = &rest[at + 7..];
+        let Some(value) = rest.trim_ascii_start().strip_prefix(b"=") else { continue };
+        let value = value.trim_ascii_start();
+        let value = value.strip_prefix(b"\"").unwrap_or(value);
+        let name: Vec<u8> = value
+            .iter()
+            .copied()
+            .filter(|&b| b != b'\\')
+            .take_while(|&b| !matches!(b, b';' | b',' | b'"' | b' ' | b'\t'))
+            .collect();
+        if name.starts_with(b"utf") && name != b"utf-8" && name != b"utf8" {
+            return true;
+        }
+    }
+    false
 }
 
 /// `body` watched for `_method` fields of `form`; why one was refused goes in `refused`.
@@ -237,7 +263,7 @@ impl MethodFields {
         if value.len() > VALUE_MAX {
             return Err(self.refuse(format!("a _method form field longer than {VALUE_MAX} bytes")));
         }
-        let m = String::from_utf8_lossy(value).trim().to_ascii_uppercase();
+        let m = named_method(&String::from_utf8_lossy(value));
         if m.is_empty() || m == "POST" {
             return Ok(());
         }
@@ -599,6 +625,35 @@ mod tests {
             Plan::Watch(..)
         ));
         assert_eq!(form(plan(&post, &h(&[("content-type", "text/plain")]), true, no_delete)), None);
+        // `post` in any case is a POST; PHP's built-in server reads `Content_Type` and
+        // `Content.Type` as the type.
+        let lower_post = Method::from_bytes(b"post").unwrap();
+        assert_eq!(form(plan(&lower_post, &HeaderMap::new(), true, no_delete)), Some(Form::URLENCODED));
+        for name in ["content_type", "content.type"] {
+            let only = h(&[(name, "application/json")]);
+            assert_eq!(form(plan(&post, &only, true, no_delete)), Some(Form::JSON), "{name}");
+            let beside = h(&[("content-type", "text/plain"), (name, "application/json")]);
+            assert!(matches!(plan(&post, &beside, true, no_delete), Plan::Refuse(_)), "{name}");
+        }
+        // A UTF other than UTF-8 anywhere in the type (quoted, repeated, escaped) is
+        // refused; other charsets are read as bytes, as PHP reads them.
+        for ct in [
+            "application/json; x=\"a; charset=utf-8; b\"; charset=utf-16le",
+            "application/json; charset=utf-8; charset=utf-16le",
+            "application/json;charset=\"utf-8\";charset=UTF-7",
+            "application/json; charset=\"utf\\-32\"",
+        ] {
+            assert!(matches!(plan(&post, &h(&[("content-type", ct)]), true, no_delete), Plan::Refuse(_)), "{ct}");
+        }
+        for ct in
+            ["application/json; charset=iso-8859-1", "application/json; charset = utf8", "application/json; x=charset"]
+        {
+            assert_eq!(form(plan(&post, &h(&[("content-type", ct)]), true, no_delete)), Some(Form::JSON), "{ct}");
+        }
+        let empty_coding = h(&[("content-type", "application/json"), ("content-encoding", "")]);
+        assert_eq!(form(plan(&post, &empty_coding, true, no_delete)), Some(Form::JSON));
+        let coded = h(&[("content-type", "application/json"), ("content_encoding", "gzip")]);
+        assert!(matches!(plan(&post, &coded, true, no_delete), Plan::Refuse(_)));
         assert_eq!(form(plan(&post, &HeaderMap::new(), true, anything)), None, "nothing else is refused");
         assert_eq!(form(plan(&Method::PUT, &HeaderMap::new(), true, no_delete)), None);
         assert_eq!(form(plan(&post, &HeaderMap::new(), false, no_delete)), None);

@@ -322,6 +322,14 @@ pub fn is_method_name(raw: &[u8]) -> bool {
     name == b"_method"
 }
 
+/// The method a `_method` field names, as the frameworks compare it: trimmed, and
+/// upper-cased through Unicode's case mappings, so no spelling escapes the rules that
+/// name the method (JavaScript's `toLowerCase` reads the Kelvin sign as `k`, and its
+/// `toUpperCase` reads `ſ` as `S`; Express's router runs `LOC\u{212A}` as LOCK).
+pub fn named_method(m: &str) -> String {
+    m.trim().to_lowercase().to_uppercase()
+}
+
 /// `s` with each `%XX` decoded once, and `+` as a space when `plus` (a form).
 pub fn percent_decode(s: &[u8], plus: bool) -> Vec<u8> {
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
@@ -372,6 +380,14 @@ mod tests {
 
     fn view<'a>(host: &'a Host, method: &'a str, path: &'a str) -> RequestView<'a> {
         RequestView { host, method, path, query: None, headers: &[] }
+    }
+
+    #[test]
+    fn a_named_method_is_read_through_unicode_case_mappings() {
+        assert_eq!(named_method(" delete\t"), "DELETE");
+        assert_eq!(named_method("LOC\u{212A}"), "LOCK", "the Kelvin sign");
+        assert_eq!(named_method("Po\u{17F}t"), "POST", "the long s");
+        assert_eq!(named_method("L\u{131}nk"), "LINK", "the dotless i");
     }
 
     #[test]
