@@ -6,8 +6,10 @@
 //! bodies with it.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine;
 use bytes::Bytes;
 use http::HeaderMap;
@@ -192,9 +194,11 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// Replaces every occurrence of `secret` in `buf`; returns the text to emit now and the
 /// tail to hold back (a proper prefix of the secret at the end of `buf`).
 pub fn scrub(buf: &[u8], secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let forms = Forms::new([secret]);
-    let (out, took) = forms.scrub(buf, true);
-    (out, buf[took..].to_vec())
+    match Forms::new([secret]).scrub(buf, true) {
+        Ok((out, took)) => (out, buf[took..].to_vec()),
+        // Nothing of `buf` goes out unscrubbed.
+        Err(_) => (MARK.as_bytes().to_vec(), Vec::new()),
+    }
 }
 
 /// Byte strings looked for in one pass, leftmost and longest first (a secret's
@@ -251,34 +255,71 @@ impl Patterns {
     }
 }
 
-/// Spellings of secrets, each replaced by [`MARK`].
-struct Forms(Patterns);
+/// Spellings of secrets, each replaced by [`MARK`]: one automaton finds them all,
+/// leftmost and longest first, in time linear in the text whatever it holds; the
+/// spellings sorted say where a body's tail could still become one.
+struct Forms {
+    automaton: Result<AhoCorasick, aho_corasick::BuildError>,
+    sorted: Vec<Vec<u8>>,
+    /// The bytes some spelling begins with.
+    starts: [bool; 256],
+    longest: usize,
+}
 
 impl Forms {
     fn new<'a>(forms: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        Forms(Patterns::new(forms))
+        let mut sorted: Vec<Vec<u8>> = forms.into_iter().filter(|f| !f.is_empty()).map(<[u8]>::to_vec).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut starts = [false; 256];
+        for f in &sorted {
+            starts[usize::from(f[0])] = true;
+        }
+        let longest = sorted.iter().map(Vec::len).max().unwrap_or(0);
+        let automaton = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
+            .build(&sorted);
+        Forms { automaton, sorted, starts, longest }
+    }
+
+    /// Whether `tail` is the start of a longer spelling.
+    fn could_begin(&self, tail: &[u8]) -> bool {
+        // Spellings that begin with `tail` sort together, `tail` itself first.
+        let i = self.sorted.partition_point(|f| f.as_slice() < tail);
+        self.sorted[i..].iter().take(2).any(|f| f.len() > tail.len() && f.starts_with(tail))
+    }
+
+    /// The first place at or after `from` where the rest of `buf` could still become a
+    /// spelling (`buf.len()` if none).
+    fn hold_from(&self, buf: &[u8], from: usize) -> usize {
+        let first = from.max(buf.len().saturating_sub(self.longest.saturating_sub(1)));
+        (first..buf.len())
+            .find(|&t| self.starts[usize::from(buf[t])] && self.could_begin(&buf[t..]))
+            .unwrap_or(buf.len())
     }
 
     /// `buf` with every form replaced, leftmost and longest first. With `more` (a
     /// body's chunk, more to come) it stops where the rest could still become a form:
     /// the output, and how much of `buf` it took.
-    fn scrub(&self, buf: &[u8], more: bool) -> (Vec<u8>, usize) {
+    fn scrub(&self, buf: &[u8], more: bool) -> Result<(Vec<u8>, usize), BoxError> {
+        let automaton = self.automaton.as_ref().map_err(|e| format!("the redactor could not be built: {e}"))?;
         let mut out = Vec::with_capacity(buf.len());
         let mut at = 0;
-        while at < buf.len() {
-            match self.0.step(&buf[at..], more) {
-                Step::Plain(n) => {
-                    out.extend_from_slice(&buf[at..at + n]);
-                    at += n;
-                }
-                Step::Wait => return (out, at),
-                Step::Found(i) => {
-                    out.extend_from_slice(MARK.as_bytes());
-                    at += self.0.len(i);
-                }
+        let mut hold = if more { self.hold_from(buf, 0) } else { buf.len() };
+        for m in automaton.find_iter(buf) {
+            if m.start() >= hold {
+                break;
+            }
+            out.extend_from_slice(&buf[at..m.start()]);
+            out.extend_from_slice(MARK.as_bytes());
+            at = m.end();
+            if hold < at {
+                hold = self.hold_from(buf, at);
             }
         }
-        (out, buf.len())
+        out.extend_from_slice(&buf[at..hold]);
+        Ok((out, hold))
     }
 }
 
@@ -383,40 +424,172 @@ where
     }
 }
 
+/// The spellings of some values ([`echo_forms`]) and the automata that find them.
+pub struct Redactor {
+    text: Vec<String>,
+    forms: Forms,
+    /// The spellings in lower case, as header names hold them.
+    names: Result<AhoCorasick, aho_corasick::BuildError>,
+}
+
+impl Redactor {
+    /// A redactor of exactly these spellings.
+    pub fn from_forms(text: Vec<String>) -> Self {
+        let forms = Forms::new(text.iter().map(String::as_bytes));
+        let lower = text.iter().filter(|t| !t.is_empty()).map(|t| t.to_ascii_lowercase());
+        let names = AhoCorasick::builder().kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA)).build(lower);
+        Redactor { text, forms, names }
+    }
+
+    /// The spellings.
+    pub fn forms(&self) -> &[String] {
+        &self.text
+    }
+
+    /// [`headers`] for every spelling at once: a field whose name holds one goes, and
+    /// each value holding one is rewritten in one pass (or goes, if it cannot be).
+    pub fn headers(&self, h: &mut HeaderMap) {
+        let (Ok(names), Ok(values)) = (&self.names, &self.forms.automaton) else {
+            for form in &self.text {
+                headers(h, form);
+            }
+            return;
+        };
+        let named: Vec<http::HeaderName> = h.keys().filter(|n| names.is_match(n.as_str())).cloned().collect();
+        for name in named {
+            h.remove(name);
+        }
+        let mut unbuildable = Vec::new();
+        for (name, v) in h.iter_mut() {
+            if !values.is_match(v.as_bytes()) {
+                continue;
+            }
+            let rebuilt = self
+                .forms
+                .scrub(v.as_bytes(), false)
+                .ok()
+                .and_then(|(clean, _)| http::HeaderValue::from_bytes(&clean).ok());
+            match rebuilt {
+                Some(nv) => *v = nv,
+                None => unbuildable.push(name.clone()),
+            }
+        }
+        for name in unbuildable {
+            h.remove(name);
+        }
+    }
+}
+
+/// How many sets of values keep their redactor between responses.
+const RECENT_MAX: usize = 32;
+
+/// The redactors of the last [`RECENT_MAX`] sets of values: a response from a host
+/// with values bound uses the one built for the first response with the same values
+/// (building the spellings and the automaton costs about 70 µs).
+static RECENT: std::sync::Mutex<Vec<(Vec<String>, Arc<Redactor>)>> = std::sync::Mutex::new(Vec::new());
+
+/// The redactor of every spelling of `values`, built once for each set of values.
+pub fn redactor<S: AsRef<str>>(values: &[S]) -> Arc<Redactor> {
+    let same = |key: &[String]| key.iter().map(String::as_str).eq(values.iter().map(AsRef::as_ref));
+    if let Ok(recent) = RECENT.lock()
+        && let Some((_, r)) = recent.iter().find(|(key, _)| same(key))
+    {
+        return r.clone();
+    }
+    let mut text: Vec<String> = Vec::new();
+    for f in values.iter().flat_map(|v| echo_forms(v.as_ref())) {
+        if !text.contains(&f) {
+            text.push(f);
+        }
+    }
+    let r = Arc::new(Redactor::from_forms(text));
+    if let Ok(mut recent) = RECENT.lock() {
+        if recent.len() >= RECENT_MAX {
+            recent.remove(0);
+        }
+        recent.push((values.iter().map(|v| v.as_ref().to_string()).collect(), r.clone()));
+    }
+    r
+}
+
 /// Writes [`MARK`] wherever a form of a secret streams past a [`Rewritten`] body, and
 /// in its trailers: one pass for every form.
-pub struct Redact {
-    forms: Forms,
-    /// The forms as text, for trailers.
-    text: Vec<String>,
-}
+pub struct Redact(Arc<Redactor>);
 
 impl Rewrite for Redact {
     fn rewrite(&mut self, input: &[u8], more: bool) -> Result<(Bytes, Vec<u8>), BoxError> {
-        let (out, took) = self.forms.scrub(input, more);
+        let (out, took) = self.0.forms.scrub(input, more)?;
         Ok((Bytes::from(out), input[took..].to_vec()))
     }
 
     fn trailers(&mut self, trailers: &mut HeaderMap) {
-        for form in &self.text {
-            headers(trailers, form);
-        }
+        self.0.headers(trailers);
     }
 }
 
 /// A body with secrets redacted as it streams.
 pub type RedactBody<B> = Rewritten<B, Redact>;
 
-/// Redacts every one of `forms` from `body` as it streams ([`echo_forms`] gives a
-/// secret's).
-pub fn body<B>(body: B, forms: &[String]) -> RedactBody<B> {
-    let redact = Redact { forms: Forms::new(forms.iter().map(String::as_bytes)), text: forms.to_vec() };
-    Rewritten::new(body, redact)
+/// Redacts every form `redactor` knows from `body` as it streams.
+pub fn body<B>(body: B, redactor: Arc<Redactor>) -> RedactBody<B> {
+    Rewritten::new(body, Redact(redactor))
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// The redactor's specification, one position at a time: at each place, wait if
+    /// what is left could still become a longer form, else take the longest form that
+    /// begins there, else pass one byte.
+    fn scrub_by_steps(patterns: &Patterns, buf: &[u8], more: bool) -> (Vec<u8>, usize) {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < buf.len() {
+            match patterns.step(&buf[at..], more) {
+                Step::Plain(n) => {
+                    out.extend_from_slice(&buf[at..at + n]);
+                    at += n;
+                }
+                Step::Wait => return (out, at),
+                Step::Found(i) => {
+                    out.extend_from_slice(MARK.as_bytes());
+                    at += patterns.len(i);
+                }
+            }
+        }
+        (out, buf.len())
+    }
+
+    #[test]
+    fn the_automaton_redacts_as_the_step_by_step_specification_does() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let alphabet = b"ab/%";
+        for _ in 0..3000 {
+            let word = |next: &mut dyn FnMut(u64) -> u64, max: u64| -> Vec<u8> {
+                (0..1 + next(max)).map(|_| alphabet[next(4) as usize]).collect()
+            };
+            let forms: Vec<Vec<u8>> = (0..1 + next(5)).map(|_| word(&mut next, 6)).collect();
+            let buf = word(&mut next, 40);
+            let patterns = Patterns::new(forms.iter().map(Vec::as_slice));
+            let automaton = Forms::new(forms.iter().map(Vec::as_slice));
+            for more in [false, true] {
+                assert_eq!(
+                    automaton.scrub(&buf, more).unwrap(),
+                    scrub_by_steps(&patterns, &buf, more),
+                    "forms {:?} in {:?}, more: {more}",
+                    forms.iter().map(|f| String::from_utf8_lossy(f)).collect::<Vec<_>>(),
+                    String::from_utf8_lossy(&buf)
+                );
+            }
+        }
+    }
 
     #[test]
     fn only_one_chunked_framing_is_plain() {
@@ -542,6 +715,30 @@ pub(crate) mod tests {
         }
     }
 
+    #[test]
+    fn a_redactor_rewrites_headers_as_each_form_would() {
+        let r = redactor(&["sk-Secret/1", "tok-2"]);
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("x-echo", "key sk-Secret/1 and sk-Secret%2F1, tok-2"),
+            ("location", "/cb?k=sk-Secret%2f1"),
+            ("x-tok-2-id", "named too"),
+            ("x-upper", "SK-SECRET/1"),
+            ("accept", "*/*"),
+        ] {
+            h.append(http::HeaderName::from_static(k), http::HeaderValue::from_static(v));
+        }
+        let mut each = h.clone();
+        for form in r.forms() {
+            headers(&mut each, form);
+        }
+        r.headers(&mut h);
+        assert_eq!(h, each);
+        assert_eq!(h["x-echo"], "key [REDACTED] and [REDACTED], [REDACTED]");
+        assert_eq!(h["location"], "/cb?k=[REDACTED]");
+        assert!(!h.contains_key("x-tok-2-id") && h["x-upper"] == "[REDACTED]" && h["accept"] == "*/*");
+    }
+
     #[tokio::test]
     async fn held_back_bytes_go_out_before_the_trailers() {
         use http_body_util::BodyExt;
@@ -550,7 +747,7 @@ pub(crate) mod tests {
         t.insert("grpc-status", http::HeaderValue::from_static("0"));
         t.insert("x-key", http::HeaderValue::from_static("sk-secret-123"));
         let frames = Frames(vec![Frame::trailers(t), Frame::data(Bytes::from_static(b"reply: hi s"))]);
-        let body = body(frames, &["sk-secret-123".to_string()]);
+        let body = body(frames, redactor(&["sk-secret-123"]));
         let collected = body.collect().await.unwrap();
         let trailers = collected.trailers().cloned().expect("trailers kept");
         assert_eq!(collected.to_bytes(), "reply: hi s", "no byte lost before the trailers");
@@ -568,7 +765,8 @@ pub(crate) mod tests {
             for b in a..=input.len() {
                 let chunks = [&input[b..], &input[a..b], &input[..a]];
                 let frames = Frames(chunks.iter().map(|c| Frame::data(Bytes::copy_from_slice(c))).collect());
-                let got = body(frames, &forms).collect().await.unwrap().to_bytes();
+                let redactor = Arc::new(Redactor::from_forms(forms.to_vec()));
+                let got = body(frames, redactor).collect().await.unwrap().to_bytes();
                 assert_eq!(&got[..], b"1[REDACTED]2[REDACTED]3[REDACTED][REDACTED]de", "cut at {a}, {b}");
             }
         }

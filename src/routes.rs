@@ -212,12 +212,10 @@ async fn route(
     // Never follow or expose redirects into the upstream's own auth flows; a 3xx passes
     // through as is, with its Location redacted like everything else.
     // The key as sent, and as an upstream may echo it escaped (JSON, a URL).
-    let forms = redact::echo_forms(secret.expose());
-    for form in &forms {
-        redact::headers(&mut parts.headers, form);
-    }
+    let redactor = redact::redactor(&[secret.expose()]);
+    redactor.headers(&mut parts.headers);
     let body = Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down);
-    let body = redact::body(body, &forms);
+    let body = redact::body(body, redactor);
     let body = LoggedBody::new(body, bytes_up, rec, hold);
     Response::from_parts(parts, body.boxed_unsync())
 }

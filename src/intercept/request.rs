@@ -410,9 +410,7 @@ async fn drain_rest(body: Option<Incoming>, door: &Door) {
 /// Redacts every swapped-in value, as sent and as an upstream may echo it escaped or
 /// re-cased ([`redact::echo_forms`]), from the response's headers and body.
 fn redact_all(headers: &mut HeaderMap, body: ProxyBody, swapped: &Swapped) -> ProxyBody {
-    let forms: Vec<String> = swapped.values.iter().flat_map(|v| redact::echo_forms(v)).collect();
-    for form in &forms {
-        redact::headers(headers, form);
-    }
-    redact::body(body, &forms).boxed_unsync()
+    let redactor = redact::redactor(&swapped.values);
+    redactor.headers(headers);
+    redact::body(body, redactor).boxed_unsync()
 }
