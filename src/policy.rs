@@ -168,8 +168,11 @@ impl Policy {
         // Symfony run for a POST) is judged as well as the request line's: the request
         // is allowed only as both.
         for (k, m) in requests::query_pairs(query) {
+            if !requests::is_method_name(k.as_bytes()) {
+                continue;
+            }
             let named = requests::named_method(&m);
-            if requests::is_method_name(k.as_bytes()) && !named.eq_ignore_ascii_case(method) {
+            if !named.eq_ignore_ascii_case(method) {
                 let d = self.decide_method(host, &named, &decoded, query, headers);
                 if d.reason().is_some() {
                     return Decision { verdict: d.verdict, report_only };
