@@ -59,8 +59,10 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
 /// percent-encoded (every byte but the unreserved ones, or also leaving raw what
 /// Python's, JavaScript's and Go's encoders leave raw; either case of hex), as HTML
 /// character references (all, or what Go's and Python's escapers write), in upper or
-/// lower case, and in base64 at any alignment (the groups of its own bytes). Each is redacted like the raw value. Other re-encodings
-/// (base64, hex of the whole value) are not recognised.
+/// lower case, and in base64 and base64url at any alignment (the groups of its own
+/// bytes). Each is redacted like the raw value. Other re-encodings (hex, base64
+/// wrapped across a line break, an encoder's own choice of escapes outside those
+/// above, such as `+` alone as `\u002B`) are not recognised.
 pub fn echo_forms(secret: &str) -> Vec<String> {
     let mut forms = vec![secret.to_string()];
     let mut add = |f: String| {
@@ -257,7 +259,10 @@ impl Patterns {
 
 /// Spellings of secrets, each replaced by [`MARK`]: one automaton finds them all,
 /// leftmost and longest first, in time linear in the text whatever it holds; the
-/// spellings sorted say where a body's tail could still become one.
+/// spellings sorted say where a body's tail could still become one. A tail held back
+/// is read again with the next chunk, so a chunk also costs up to the longest
+/// spelling's length: values are the operator's, and what a sandbox adds around one
+/// (Basic credentials) is bounded.
 struct Forms {
     automaton: Result<AhoCorasick, aho_corasick::BuildError>,
     sorted: Vec<Vec<u8>>,
@@ -427,6 +432,8 @@ where
 /// The spellings of some values ([`echo_forms`]) and the automata that find them.
 pub struct Redactor {
     text: Vec<String>,
+    /// The spellings' bytes.
+    bytes: usize,
     forms: Forms,
     /// The spellings in lower case, as header names hold them.
     names: Result<AhoCorasick, aho_corasick::BuildError>,
@@ -438,7 +445,8 @@ impl Redactor {
         let forms = Forms::new(text.iter().map(String::as_bytes));
         let lower = text.iter().filter(|t| !t.is_empty()).map(|t| t.to_ascii_lowercase());
         let names = AhoCorasick::builder().kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA)).build(lower);
-        Redactor { text, forms, names }
+        let bytes = text.iter().map(String::len).sum();
+        Redactor { text, bytes, forms, names }
     }
 
     /// The spellings.
@@ -480,8 +488,11 @@ impl Redactor {
     }
 }
 
-/// How many sets of values keep their redactor between responses.
+/// How many sets of values keep their redactor between responses, and the most bytes
+/// of spellings they may hold together (a set's spellings are about 50 times its
+/// values' length).
 const RECENT_MAX: usize = 32;
+const RECENT_BYTES: usize = 8 << 20;
 
 /// The redactors of the last [`RECENT_MAX`] sets of values: a response from a host
 /// with values bound uses the one built for the first response with the same values
@@ -503,11 +514,14 @@ pub fn redactor<S: AsRef<str>>(values: &[S]) -> Arc<Redactor> {
         }
     }
     let r = Arc::new(Redactor::from_forms(text));
-    if let Ok(mut recent) = RECENT.lock() {
-        if recent.len() >= RECENT_MAX {
-            recent.remove(0);
-        }
+    if r.bytes <= RECENT_BYTES
+        && let Ok(mut recent) = RECENT.lock()
+    {
         recent.push((values.iter().map(|v| v.as_ref().to_string()).collect(), r.clone()));
+        let mut held: usize = recent.iter().map(|(_, r)| r.bytes).sum();
+        while recent.len() > RECENT_MAX || held > RECENT_BYTES {
+            held -= recent.remove(0).1.bytes;
+        }
     }
     r
 }

@@ -75,6 +75,9 @@ fn here(hint: String) -> Misuse {
     Misuse { hint, elsewhere: false }
 }
 
+/// The longest decoded `user:password` a placeholder is written into.
+const BASIC_MAX: usize = 1024;
+
 /// The decoded `user:password` of `Basic` credentials.
 fn basic_credentials(value: &[u8]) -> Option<Vec<u8>> {
     let value = value.trim_ascii();
@@ -167,6 +170,15 @@ pub fn swap(
     // the placeholder is replaced inside, and the whole encoded again.
     for (_, v) in parts.headers.iter_mut().filter(|(k, _)| **k == http::header::AUTHORIZATION) {
         let Some(decoded) = basic_credentials(v.as_bytes()).filter(|d| find(d, prefix)) else { continue };
+        // The credentials, encoded, are redacted from the answer in every spelling:
+        // what the sandbox writes around the placeholder is bounded, or it would size
+        // the redactor (and its cache) at will.
+        if decoded.len() > BASIC_MAX {
+            return Err(here(format!(
+                "Basic credentials holding a placeholder may be at most {BASIC_MAX} bytes (user:password decoded); \
+                 the request was not sent"
+            )));
+        }
         let done = substitute(&decoded, &heads).map_err(|stop| match stop {
             Stop::Refused(i) => misuse(&secrets[i], host, "Basic credentials"),
             other => here(why(&other, &heads.list, "Basic credentials")),
@@ -332,6 +344,11 @@ mod tests {
         let mut p = parts("/", &format!("Basic {}", b64("user:%4EGRESS_SECRET_openai")));
         assert!(swap(&mut p, &bound, "p", &secrets, &values, false).is_err());
         // Not as the base64 itself, which an upstream would decode into other bytes.
+        // The credentials around a placeholder are bounded (they size the redactor).
+        let long = format!("{}:EGRESS_SECRET_openai", "u".repeat(BASIC_MAX));
+        let mut p = parts("/", &format!("Basic {}", b64(&long)));
+        let Err(e) = swap(&mut p, &bound, "p", &secrets, &values, false) else { panic!("long Basic user taken") };
+        assert!(e.hint.contains("at most 1024 bytes"), "{}", e.hint);
         let mut p = parts("/", "Basic EGRESS_SECRET_openai");
         let Err(e) = swap(&mut p, &bound, "p", &secrets, &values, false) else { panic!("decoded upstream") };
         assert!(e.hint.contains("curl -u user:EGRESS_SECRET_openai"), "{}", e.hint);
