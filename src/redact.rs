@@ -55,14 +55,15 @@ pub fn headers(h: &mut HeaderMap, secret: &str) {
 
 /// The spellings of `secret` an upstream may echo besides the raw one: as JSON
 /// encoders write it (`\"` and `\\`; with `\/`; with `<>&` as `\u003c`, as Go does;
-/// every other byte but letters and digits as `\u00XX`, in either case of hex),
-/// percent-encoded (every byte but the unreserved ones, or also leaving raw what
-/// Python's, JavaScript's and Go's encoders leave raw; either case of hex), as HTML
+/// the defaults of Python, PHP, .NET and Gson; every other byte but letters and digits
+/// as `\u00XX`, in either case of hex), percent-encoded (every byte but the unreserved
+/// ones, or also leaving raw what Python's, JavaScript's and Go's encoders leave raw,
+/// or as Java's `URLEncoder` writes it; either case of hex), as HTML
 /// character references (all, or what Go's and Python's escapers write), in upper or
 /// lower case, and in base64 and base64url at any alignment (the groups of its own
 /// bytes). Each is redacted like the raw value. Other re-encodings (hex, base64
 /// wrapped across a line break, an encoder's own choice of escapes outside those
-/// above, such as `+` alone as `\u002B`) are not recognised.
+/// above) are not recognised.
 pub fn echo_forms(secret: &str) -> Vec<String> {
     let mut forms = vec![secret.to_string()];
     let mut add = |f: String| {
@@ -77,13 +78,45 @@ pub fn echo_forms(secret: &str) -> Vec<String> {
     add(json(&quoted));
     add(json(&|c| if c == '/' { Some("\\/".into()) } else { quoted(c) }));
     add(json(&|c| if matches!(c, '<' | '>' | '&') { Some(format!("\\u{:04x}", c as u32)) } else { quoted(c) }));
-    for upper in [false, true] {
+    // `\uXXXX`, a surrogate pair beyond the first plane.
+    let u = |c: char, upper: bool| -> String {
+        let mut units = [0u16; 2];
+        let hex = |unit: &u16| if upper { format!("\\u{unit:04X}") } else { format!("\\u{unit:04x}") };
+        c.encode_utf16(&mut units).iter().map(hex).collect()
+    };
+    // Encoders' own choices: Python's `json.dumps` and PHP's `json_encode` escape only
+    // what is not ASCII (PHP `/` too); .NET's System.Text.Json `"&'+<>` and a backtick
+    // too, in upper-case hex; Gson `<>&='`.
+    for slash in [false, true] {
         add(json(&|c| {
-            (!c.is_ascii_alphanumeric()).then(|| {
-                let u = format!("{:04x}", c as u32);
-                format!("\\u{}", if upper { u.to_ascii_uppercase() } else { u })
-            })
+            if !c.is_ascii() {
+                Some(u(c, false))
+            } else if slash && c == '/' {
+                Some("\\/".into())
+            } else {
+                quoted(c)
+            }
         }));
+    }
+    add(json(&|c| match c {
+        '\\' => Some("\\\\".into()),
+        '"' | '&' | '\'' | '+' | '<' | '>' | '`' => Some(u(c, true)),
+        c if !c.is_ascii() => Some(u(c, true)),
+        _ => None,
+    }));
+    add(json(&|c| if matches!(c, '<' | '>' | '&' | '=' | '\'') { Some(u(c, false)) } else { quoted(c) }));
+    // Java's URLEncoder: every byte but letters, digits and `.-*_`, upper-case hex,
+    // a space as `+`.
+    add(secret
+        .bytes()
+        .map(|b| match b {
+            b' ' => "+".to_string(),
+            b if b.is_ascii_alphanumeric() || b".-*_".contains(&b) => char::from(b).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect());
+    for upper in [false, true] {
+        add(json(&|c| (!c.is_ascii_alphanumeric()).then(|| u(c, upper))));
         add(percent_escape(secret, upper));
         // As common encoders leave some reserved bytes raw: Python's `quote` (`/`),
         // JavaScript's `encodeURIComponent` (`!'()*`), Go's `url.PathEscape`.
@@ -690,6 +723,19 @@ pub(crate) mod tests {
                 .encode(format!("{{\"k\":\"{lead}sk~>?live-0123456789\"}}"));
             assert!(e.contains('-') || e.contains('_'), "{e}");
             assert!(url.iter().any(|f| f.len() >= 12 && e.contains(f.as_str())), "{e} in {url:?}");
+        }
+        // Encoders' own mixes of escapes.
+        for (value, form) in [
+            ("sk-real+value/7d1e0c", "sk-real\\u002Bvalue/7d1e0c"),
+            ("pa$$w0rd-\u{fc}n/x", "pa$$w0rd-\\u00fcn/x"),
+            ("pa$$w0rd-\u{fc}n/x", "pa$$w0rd-\\u00fcn\\/x"),
+            ("abc=", "abc\\u003d"),
+            ("a~b c", "a%7Eb+c"),
+            ("k\u{1f600}", "k\\ud83d\\ude00"),
+            ("k\u{1f600}", "k\\uD83D\\uDE00"),
+        ] {
+            let forms = echo_forms(value);
+            assert!(forms.iter().any(|f| f == form), "{form} in {forms:?}");
         }
         let php = echo_forms("k'\"&");
         for form in ["k&#039;&quot;&amp;", "k&apos;&quot;&amp;", "k&#x27;&quot;&amp;"] {
