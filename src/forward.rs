@@ -371,7 +371,7 @@ async fn decide_and_send(
 
     let timeout = door.config.proxy.response_header_timeout;
     let ended = conn.watch.as_ref().map(|w| w.end());
-    let sent = exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !peer, ended);
+    let sent = Box::pin(exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !peer, ended));
     let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, sent)).await;
     // What went up before an upstream failure or a sweep ended the exchange.
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
