@@ -212,7 +212,22 @@ fn malformed_datagrams() {
     none.queries.clear();
     none.metadata.id = 0x5678;
 
+    // Not shaped like a query: records in the answer section, or more additional
+    // records than an OPT and a signature.
+    let a = |name: &str| {
+        let rdata = RData::A(hickory_proto::rr::rdata::A(std::net::Ipv4Addr::LOCALHOST));
+        hickory_proto::rr::Record::from_rdata(hickory_proto::rr::Name::from_ascii(name).unwrap(), 30, rdata)
+    };
+    let mut with_answer = query("gateway.sandbox.internal.", RecordType::A, None);
+    with_answer.answers.push(a("gateway.sandbox.internal."));
+    with_answer.metadata.id = 0x6789;
+    let mut three_additional = query("gateway.sandbox.internal.", RecordType::A, None);
+    three_additional.additionals.extend([a("a.example."), a("b.example."), a("c.example.")]);
+    three_additional.metadata.id = 0x789a;
+
     let cases = [
+        (with_answer.to_vec().unwrap(), 0x6789),
+        (three_additional.to_vec().unwrap(), 0x789a),
         (pointer_loop, 0x1234u16),
         (into_header, 0x1235),
         (long_name, 0x2345),
@@ -229,6 +244,37 @@ fn malformed_datagrams() {
     }
     // Still serving.
     assert_eq!(ips(&udp(dns, &query("gateway.sandbox.internal.", RecordType::A, None))), vec!["127.0.0.1"]);
+}
+
+/// A TCP message of thousands of records whose names point into one long chain of
+/// labels is refused from its header, unparsed: parsed, each cost about 600 plain
+/// queries of CPU, counted by the per-source limit as one.
+#[test]
+fn a_message_of_pointer_chains_is_refused_unparsed() {
+    let (_gw, dns) = gateway("");
+    let mut m = query("gateway.sandbox.internal.", RecordType::A, None).to_vec().unwrap();
+    let records: u16 = 2000;
+    m[10..12].copy_from_slice(&records.to_be_bytes());
+    // The first additional record's name: 120 one-byte labels.
+    let chain_at = u16::try_from(m.len()).unwrap();
+    for _ in 0..120 {
+        m.extend_from_slice(&[1, b'x']);
+    }
+    m.push(0);
+    let a_record = [0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 127, 0, 0, 1]; // A, IN, TTL 30, 127.0.0.1
+    m.extend_from_slice(&a_record);
+    // Every other one points at the chain.
+    for _ in 1..records {
+        m.extend_from_slice(&(0xC000 | chain_at).to_be_bytes());
+        m.extend_from_slice(&a_record);
+    }
+    let id = u16::from_be_bytes([m[0], m[1]]);
+    let reply = tcp_raw(dns, &m).expect("an answer");
+    assert_eq!(u16::from_be_bytes([reply[0], reply[1]]), id, "id echoed");
+    assert_eq!(reply[3] & 0x0f, 1, "FORMERR, not an answer: {reply:?}");
+    // Still serving over TCP.
+    let ok = tcp(dns, &query("gateway.sandbox.internal.", RecordType::A, None));
+    assert_eq!(ips(&ok), vec!["127.0.0.1"]);
 }
 
 #[test]

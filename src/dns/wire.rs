@@ -15,8 +15,9 @@ use hickory_server::zone_handler::MessageResponse;
 
 use super::firewall::Handler;
 
-/// Largest datagram read; a longer one is cut by the kernel and then fails to parse.
-pub const MAX_DATAGRAM: usize = 4096;
+/// Largest datagram read; a longer one is cut by the kernel and then refused as longer
+/// than a query ([`MAX_QUERY`]).
+pub const MAX_DATAGRAM: usize = MAX_QUERY + 1;
 
 /// How often a UDP thread looks at the shutdown token while no query arrives.
 pub const UDP_POLL: Duration = Duration::from_millis(200);
@@ -27,7 +28,7 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
     if raw.len() < 12 || raw[2] & 0x80 != 0 {
         return None;
     }
-    if first_name_points(raw) {
+    if !query_shaped(raw) || first_name_points(raw) {
         return handler.answer_unparseable(peer.ip(), protocol == Protocol::Tcp).then(|| formerr(raw));
     }
     match Request::from_bytes(raw.to_vec(), peer, protocol) {
@@ -38,6 +39,21 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
         }
         Err(_) => handler.answer_unparseable(peer.ip(), protocol == Protocol::Tcp).then(|| formerr(raw)),
     }
+}
+
+/// Longest query taken, on either transport. A stub's query (a name of at most 255
+/// bytes, an OPT record with a cookie, a client subnet and padding) is far shorter.
+pub const MAX_QUERY: usize = 4096;
+
+/// Whether the header describes a query the firewall could answer: at most one
+/// question, no answer or authority records, at most two additional ones (an OPT and a
+/// TSIG or SIG(0)), and at most [`MAX_QUERY`] bytes. Judged before parsing: the parser
+/// reads every record, and a 64 KiB TCP message of records whose owner names are
+/// pointers into one long chain of labels cost about 600 plain queries of CPU while
+/// the per-source limit counted it as one.
+fn query_shaped(raw: &[u8]) -> bool {
+    let count = |at: usize| u16::from_be_bytes([raw[at], raw[at + 1]]);
+    raw.len() <= MAX_QUERY && count(4) <= 1 && count(6) == 0 && count(8) == 0 && count(10) <= 2
 }
 
 /// Whether the first question's name holds a compression pointer: nothing precedes
