@@ -8,7 +8,8 @@
 //!   timeout) and on the end token, which a sweep cancels when it ends a request the
 //!   connection carries (the registry holds the token beside the request's own).
 //! - [`Stalling`]: an upstream socket whose writes fail once none makes progress for
-//!   the idle timeout (an origin that stops reading a request body).
+//!   the idle timeout (an origin that stops reading a request body), and whose write
+//!   errors wait for the origin's early answer to be read.
 
 use std::future::Future;
 use std::io;
@@ -298,28 +299,79 @@ impl WriteStall {
 }
 
 /// An upstream socket whose writes fail after [`WriteStall`]'s limit without progress.
+///
+/// It also keeps an origin's early answer. An origin that answers before it has read
+/// a request body (`413`, `401`) and closes resets the connection, and the next write
+/// fails. The answer came before the reset, so it is still there to read, but hyper's
+/// client fails the exchange on the write error whenever that error comes before its
+/// next read, and the client got a `502` instead of the origin's answer. A write that
+/// fails because the peer closed or reset the connection is therefore held (pending)
+/// until a read has come to the end of the connection: the answer is read first. A
+/// connection the peer reset never blocks a read, so the hold is short.
 pub struct Stalling<IO> {
     inner: IO,
     stall: WriteStall,
+    /// A write error held until reads reach the end, and whether they have.
+    held: Option<io::Error>,
+    read_ended: bool,
 }
 
 impl<IO> Stalling<IO> {
     pub fn new(inner: IO, limit: Duration) -> Self {
-        Stalling { inner, stall: WriteStall::new(limit) }
+        Stalling { inner, stall: WriteStall::new(limit), held: None, read_ended: false }
     }
+
+    /// A write's outcome, with a closed or reset connection's error held back until
+    /// reads have reached the end. The task is woken at once, so its next turn reads.
+    fn hold<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        let r = match r {
+            Poll::Ready(Err(e)) if !self.read_ended && peer_closed(&e) => {
+                self.held = Some(e);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            r => r,
+        };
+        self.stall.check(cx, r)
+    }
+
+    /// The held write error once reads have reached the end; pending before that.
+    fn held<T>(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<T>>> {
+        self.held.as_ref()?;
+        if self.read_ended {
+            return self.held.take().map(|e| Poll::Ready(Err(e)));
+        }
+        Some(self.stall.check(cx, Poll::Pending))
+    }
+}
+
+/// Whether a write failed because the peer closed or reset the connection.
+fn peer_closed(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted)
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Stalling<IO> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let (before, room) = (buf.filled().len(), buf.remaining() > 0);
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(result) = &r
+            && (result.is_err() || (room && buf.filled().len() == before))
+        {
+            // The end of the connection (or a read error): a held write error may go.
+            self.read_ended = true;
+        }
+        r
     }
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Stalling<IO> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        if let Some(held) = this.held(cx) {
+            return held;
+        }
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
-        this.stall.check(cx, r)
+        this.hold(cx, r)
     }
 
     fn poll_write_vectored(
@@ -328,8 +380,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Stalling<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        if let Some(held) = this.held(cx) {
+            return held;
+        }
         let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        this.stall.check(cx, r)
+        this.hold(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -338,8 +393,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Stalling<IO> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if let Some(held) = this.held(cx) {
+            return held;
+        }
         let r = Pin::new(&mut this.inner).poll_flush(cx);
-        this.stall.check(cx, r)
+        this.hold(cx, r)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
