@@ -41,8 +41,14 @@ impl Credentials {
     }
 
     /// `user:secret` already joined (a decoded `Basic` value), split at its first `:`;
-    /// `None` unless it is UTF-8 with a `:`.
+    /// `None` without a `:`. Bytes that are not UTF-8 are read as ISO-8859-1, the
+    /// encoding Python's `requests` and `aiohttp` give Basic credentials (RFC 7617's
+    /// default before its `charset` parameter), so a token with `é` works from them too.
     fn joined(pair: smallvec::SmallVec<[u8; INLINE_CREDENTIALS]>) -> Option<Self> {
+        let pair = match std::str::from_utf8(&pair) {
+            Ok(_) => pair,
+            Err(_) => pair.iter().map(|&b| char::from(b)).collect::<String>().into_bytes().into(),
+        };
         let colon = std::str::from_utf8(&pair).ok()?.find(':')?;
         Some(Credentials { pair, colon })
     }
@@ -73,6 +79,10 @@ pub enum AuthError {
     Missing,
     #[error("malformed credentials")]
     Malformed,
+    /// Credentials of another scheme than `Basic` (NTLM, Negotiate, Digest, Bearer): its
+    /// name when it is a short token, never any of what follows it.
+    #[error("proxy credentials of the {0} scheme; the gateway takes Basic only")]
+    Scheme(String),
     #[error("unknown sandbox or wrong token")]
     Invalid,
     #[error("signed token refused: {0}")]
@@ -94,6 +104,7 @@ impl AuthError {
             AuthError::Token(TokenError::Expired) => DenyReason::TokenExpired,
             AuthError::TooManyFailures => DenyReason::LimitExceeded,
             AuthError::Malformed
+            | AuthError::Scheme(_)
             | AuthError::Invalid
             | AuthError::Token(_)
             | AuthError::WrongNetwork
@@ -108,9 +119,9 @@ pub fn parse_basic(value: &[u8]) -> Result<Credentials, AuthError> {
         return Err(AuthError::Malformed);
     }
     let value = std::str::from_utf8(value).map_err(|_| AuthError::Malformed)?.trim();
-    let (scheme, payload) = value.split_once(' ').ok_or(AuthError::Malformed)?;
+    let (scheme, payload) = value.split_once(' ').unwrap_or((value, ""));
     if !scheme.eq_ignore_ascii_case("basic") {
-        return Err(AuthError::Malformed);
+        return Err(other_scheme(scheme));
     }
     let payload = payload.trim();
     let mut decoded = smallvec::smallvec![0u8; base64::decoded_len_estimate(payload.len())];
@@ -123,6 +134,14 @@ pub fn parse_basic(value: &[u8]) -> Result<Credentials, AuthError> {
         return Err(AuthError::Malformed);
     }
     Ok(creds)
+}
+
+/// The refusal of credentials in `scheme`: named when it looks like a scheme (a short
+/// token), since a client that sent a bare token where a scheme belongs must not see
+/// its token echoed.
+fn other_scheme(scheme: &str) -> AuthError {
+    let named = (1..=16).contains(&scheme.len()) && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    AuthError::Scheme(if named { scheme.to_string() } else { "an unknown".to_string() })
 }
 
 /// SHA-256 of a token, as listed in policy files (`token_sha256`).
@@ -240,6 +259,36 @@ mod tests {
             assert!(parse_basic(bad.as_bytes()).is_err(), "{bad}");
         }
         assert!(parse_basic(&vec![b'a'; 5000]).is_err());
+    }
+
+    /// `requests` and `aiohttp` encode Basic credentials as ISO-8859-1; curl, Go and
+    /// urllib as UTF-8. Both name the same token.
+    #[test]
+    fn basic_credentials_in_iso_8859_1_are_read_as_such() {
+        let engine = base64::engine::general_purpose::STANDARD;
+        let utf8 = parse_basic(b64("sbx-u:tokén-ü").as_bytes()).unwrap();
+        let latin1: Vec<u8> = "sbx-u:tokén-ü".chars().map(|c| u8::try_from(u32::from(c)).unwrap()).collect();
+        let latin1 = parse_basic(format!("Basic {}", engine.encode(&latin1)).as_bytes()).unwrap();
+        assert_eq!((latin1.user(), latin1.secret()), ("sbx-u", "tokén-ü"));
+        assert_eq!((utf8.user(), utf8.secret()), (latin1.user(), latin1.secret()));
+    }
+
+    /// Another scheme is named in the refusal, as long as it looks like a scheme; a bare
+    /// token where the scheme belongs is never echoed.
+    #[test]
+    fn another_scheme_is_named_never_a_token() {
+        for (value, named) in [
+            ("NTLM TlRMTVNTUAABAAAAB4IIogAAAAAAAAAAAAAAAAAAAAAKAGFKAAAADw==", "NTLM"),
+            ("Negotiate YIIF", "Negotiate"),
+            ("Bearer sbx-1:secret-token-value", "Bearer"),
+            ("Digest username=\"x\"", "Digest"),
+            ("secret-token-value-that-is-long", "an unknown"),
+        ] {
+            let e = parse_basic(value.as_bytes()).map(|_| ()).unwrap_err();
+            assert_eq!(e, AuthError::Scheme(named.to_string()), "{value}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+            assert_eq!(e.reason(), DenyReason::AuthInvalid);
+        }
     }
 
     #[test]

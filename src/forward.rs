@@ -253,13 +253,19 @@ async fn decide_and_send(
 
     match req.uri().scheme_str() {
         Some("http") => {}
-        Some("https") => {
+        // aiohttp asks for a `ws://` URL as it is, with the WebSocket handshake: it is
+        // the same request as `http://` (RFC 6455 3).
+        Some(ws) if ws.eq_ignore_ascii_case("ws") && is_websocket_upgrade(req.headers()) => {}
+        Some(ws) if ws.eq_ignore_ascii_case("ws") => {
+            return refuse(&mut rec, "a ws:// URL is forwarded only as a WebSocket handshake (Upgrade: websocket)");
+        }
+        Some(tls) if tls.eq_ignore_ascii_case("https") || tls.eq_ignore_ascii_case("wss") => {
             return refuse(
                 &mut rec,
-                "https:// URLs go through CONNECT: configure this gateway as the proxy for https too",
+                "https:// and wss:// URLs go through CONNECT: configure this gateway as the proxy for https too",
             );
         }
-        _ => return refuse(&mut rec, "only http:// URLs can be forwarded"),
+        _ => return refuse(&mut rec, "only http:// URLs (and ws:// WebSocket handshakes) can be forwarded"),
     }
     let authority = req.uri().authority().map(|a| a.as_str()).unwrap_or_default();
     let target = match addr::parse_authority(authority, Some(80)) {

@@ -30,12 +30,17 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with_sandboxes("")
+    }
+
+    /// With more `[[sandboxes]]` beside the standard ones.
+    fn with_sandboxes(more: &str) -> World {
         let ca = TestCa::new(&["tls.test", "b-only.test", "blocked.origin.test"]);
         let root = tempfile::tempdir().unwrap();
         std::fs::write(root.path().join("hello.txt"), format!("{HELLO}\n")).unwrap();
         python_index(root.path());
         let server = StaticServer::https(root.path(), &ca);
-        let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+        let gw = TestGateway::start(STANDARD_CONFIG, &format!("{}\n{more}", standard_policy()));
         World { gw, ca, server, root }
     }
 
@@ -245,6 +250,44 @@ except Exception as e:
     sys.exit(1)
 "#;
     w.python_allowed_and_denied(script, "requests");
+}
+
+/// A token with characters beyond ASCII: `requests` and `aiohttp` send Basic
+/// credentials in ISO-8859-1, curl in UTF-8; each gets through.
+#[test]
+fn a_token_beyond_ascii_works_from_requests_aiohttp_and_curl() {
+    let token = "tok\u{e9}n-\u{fc}-0123456789abcdef";
+    let w = World::with_sandboxes(&format!(
+        "[[sandboxes]]\nid = \"sbx-u\"\ntoken_sha256 = \"{}\"\npolicy = \"a\"\n",
+        support::sha256_hex(token)
+    ));
+    let encoded: String = token.bytes().map(|b| format!("%{b:02X}")).collect();
+    let proxy = format!("http://sbx-u:{encoded}@{}", w.gw.addr);
+    let url = w.allowed("/hello.txt");
+    let requests = r#"
+import sys, requests
+r = requests.get(sys.argv[2], verify=sys.argv[1], timeout=20)
+print(r.status_code, r.text)
+"#;
+    let aiohttp = r#"
+import asyncio, ssl, sys, aiohttp
+async def main():
+    ctx = ssl.create_default_context(cafile=sys.argv[1])
+    async with aiohttp.ClientSession(trust_env=True) as s:
+        async with s.get(sys.argv[2], ssl=ctx) as r:
+            print(r.status, await r.text())
+asyncio.run(main())
+"#;
+    for (client, script) in [("requests", requests), ("aiohttp", aiohttp)] {
+        let mut c = w.command("python3");
+        c.env("HTTPS_PROXY", &proxy).env("https_proxy", &proxy).args(["-c", script, w.ca(), &url]);
+        let out = run(c, "python3 with requests and aiohttp");
+        assert!(out.status.success() && both(&out).contains(HELLO), "{client}: {}", both(&out));
+    }
+    let mut c = w.command("curl");
+    c.args(["-sS", "--cacert", w.ca(), "-x", &proxy, &url]);
+    let out = run(c, "curl");
+    assert!(out.status.success() && both(&out).contains(HELLO), "curl: {}", both(&out));
 }
 
 #[test]

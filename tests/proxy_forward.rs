@@ -342,25 +342,41 @@ fn report_mode_lets_denied_traffic_through_and_says_so() {
     assert_eq!(rec["policy"], "r");
 }
 
+/// A WebSocket handshake asked for as `http://` or, as aiohttp does, `ws://`.
 #[test]
 fn websocket_upgrade_is_relayed() {
     let (gw, origin) = start_http();
     let port = origin.port();
-    let mut s = raw::connect(gw.addr);
-    let req = format!(
-        "GET http://origin.test:{port}/ws HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        basic("sbx-a", TOKEN_A)
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let head = raw::read_head(&mut s);
-    assert_eq!(status(&head), 101, "{head}");
-    assert!(head.to_ascii_lowercase().contains("upgrade: websocket"), "{head}");
-    s.write_all(b"ping-through-gateway").unwrap();
-    let mut buf = [0u8; 20];
-    s.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"ping-through-gateway");
-    let rec = &origin.recorded()[0];
-    assert!(rec.headers.iter().any(|(k, v)| k == "upgrade" && v == "websocket"), "{rec:?}");
+    for (i, scheme) in ["http", "ws", "WS"].into_iter().enumerate() {
+        let mut s = raw::connect(gw.addr);
+        let req = format!(
+            "GET {scheme}://origin.test:{port}/ws HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            basic("sbx-a", TOKEN_A)
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let head = raw::read_head(&mut s);
+        assert_eq!(status(&head), 101, "{scheme}: {head}");
+        assert!(head.to_ascii_lowercase().contains("upgrade: websocket"), "{head}");
+        s.write_all(b"ping-through-gateway").unwrap();
+        let mut buf = [0u8; 20];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping-through-gateway");
+        let rec = &origin.recorded()[i];
+        assert_eq!(rec.uri, "/ws", "{rec:?}");
+        assert!(rec.headers.iter().any(|(k, v)| k == "upgrade" && v == "websocket"), "{rec:?}");
+    }
+    // `ws://` without the handshake, and `wss://` (TLS goes through CONNECT), are refused
+    // with the reason.
+    let auth = basic("sbx-a", TOKEN_A);
+    for (url, hint) in [
+        (format!("ws://origin.test:{port}/ws"), "only as a WebSocket handshake"),
+        (format!("wss://origin.test:{port}/ws"), "go through CONNECT"),
+    ] {
+        let resp = raw::request(gw.addr, format!("GET {url} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"));
+        assert_eq!(status(&resp), 400, "{resp}");
+        assert!(resp.contains(hint) && resp.contains("bad_request"), "{resp}");
+    }
+    assert_eq!(origin.recorded().len(), 3);
 }
 
 #[test]

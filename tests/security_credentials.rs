@@ -31,6 +31,20 @@ fn credentials_are_required_and_checked() {
     assert!(resp.contains("auth_required"), "{resp}");
     let log = gw.log_text();
     assert!(!log.contains("wrong-token") && !log.contains(TOKEN_A));
+
+    // Credentials of another scheme are told so (curl --proxy-ntlm, a Bearer token),
+    // on both entries, without echoing what followed the scheme.
+    for (value, scheme) in [("NTLM TlRMTVNTUAABAAAAB4IIogAAAAA=", "NTLM"), ("Bearer sbx-a:wrong-token", "Bearer")] {
+        for head in [
+            format!("CONNECT tls.test:{} HTTP/1.1\r\nProxy-Authorization: {value}\r\n\r\n", origin.port()),
+            format!("GET http://origin.test/ HTTP/1.1\r\nProxy-Authorization: {value}\r\n\r\n"),
+        ] {
+            let resp = support::raw::request(gw.addr, &head);
+            assert!(resp.starts_with("HTTP/1.1 407"), "{resp}");
+            assert!(resp.contains(&format!("{scheme} scheme; the gateway takes Basic only")), "{resp}");
+            assert!(resp.contains("auth_invalid") && !resp.contains("wrong-token"), "{resp}");
+        }
+    }
 }
 
 #[test]

@@ -66,6 +66,7 @@ pub fn identified(door: &Door, state: &State, conn: &ConnInfo, presented: Presen
         Err(e @ (AuthError::WrongNetwork | AuthError::WrongCertificate | AuthError::TooManyFailures)) => {
             Err(Refusal::new(e.reason(), e.to_string()))
         }
+        Err(e @ AuthError::Scheme(_)) => Err(Refusal::new(e.reason(), format!("{e}; {AUTH_HINT}"))),
         // A signed token whose signature holds is told what else is wrong with it
         // (expired, revoked, not yet valid): its holder gets nothing from that but the
         // cause to fix. Before the signature holds, nothing is told (which key ids and
