@@ -22,6 +22,26 @@ pub fn dial_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
     None
 }
 
+/// The upstream's answer, when the client error was that it could not be read as
+/// HTTP (a head too large, not HTTP/1.1): told as `upstream_invalid`, not as an
+/// upstream that could not be reached.
+pub fn unreadable_answer(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(h) = e.downcast_ref::<hyper::Error>().filter(|h| h.is_parse()) {
+            return Some(if h.is_parse_too_large() {
+                "the upstream answered with a head of more than 100 fields or about 400 KiB, more than the gateway \
+                 takes"
+                    .to_string()
+            } else {
+                format!("the upstream's answer is not HTTP the gateway can read: {h}")
+            });
+        }
+        cur = e.source();
+    }
+    None
+}
+
 /// What failed in the request body being sent, if the client error was that: the
 /// client's framing, a stalled upload, or the gateway refusing what it carried. Told
 /// to the client as its own fault, never as the upstream's.

@@ -390,10 +390,8 @@ async fn decide_and_send(
             resp
         }
         Ok(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.client_hint()),
-        Ok(Err(ExchangeError::Http(e))) if e.is_parse_too_large() => {
-            let hint = "the upstream answered with a head of more than 100 fields or about 400 KiB, more than the \
-                        gateway takes";
-            return reject(&mut rec, DenyReason::UpstreamUnreachable, hint);
+        Ok(Err(ExchangeError::Http(e))) if let Some(hint) = crate::dial::unreadable_answer(&e) => {
+            return reject(&mut rec, DenyReason::UpstreamInvalid, &hint);
         }
         Ok(Err(ExchangeError::Http(e))) => {
             if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() {
@@ -423,7 +421,7 @@ async fn decide_and_send(
 
     if inspected && resp.status() == StatusCode::SWITCHING_PROTOCOLS && !is_websocket_upgrade(resp.headers()) {
         let detail = "the upstream switched to a protocol other than WebSocket";
-        return reject(&mut rec, DenyReason::UpstreamUnreachable, detail);
+        return reject(&mut rec, DenyReason::UpstreamInvalid, detail);
     }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade

@@ -325,7 +325,10 @@ pub async fn send_as(
         Ok(Err(e)) => Err(match (crate::dial::dial_error(&e), crate::dial::body_failure(&e)) {
             (Some(d), _) => (d.reason(), d.client_hint()),
             (None, Some(body)) => (DenyReason::BadRequest, format!("the request body could not be sent: {body}")),
-            (None, None) => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
+            (None, None) => match crate::dial::unreadable_answer(&e) {
+                Some(hint) => (DenyReason::UpstreamInvalid, format!("{what}: {hint}")),
+                None => (DenyReason::UpstreamUnreachable, format!("{what} could not be reached")),
+            },
         }),
         Err(_) => Err((DenyReason::UpstreamTimeout, format!("{what} did not answer in time"))),
     }

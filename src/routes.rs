@@ -189,7 +189,7 @@ async fn route(
     // the gateway never relays.
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let detail = "the API answered 101 Switching Protocols; routes do not upgrade connections";
-        return finish(&mut rec, DenyReason::UpstreamUnreachable, Some(StatusCode::BAD_GATEWAY), detail, entry);
+        return finish(&mut rec, DenyReason::UpstreamInvalid, Some(StatusCode::BAD_GATEWAY), detail, entry);
     }
     // The redactor matches raw bytes: a compressed echo of the key would pass it. The
     // upstream was asked for `identity`; anything else is refused, never passed on.

@@ -207,9 +207,10 @@ async fn refuse_with(stream: &mut TcpStream, rec: &mut AccessRecord, refusal: Re
     let description = alert.unwrap_or(match reason {
         DenyReason::BadRequest if unnamed => sni::DECODE_ERROR,
         DenyReason::BadRequest | DenyReason::RequestTooLarge => sni::UNRECOGNIZED_NAME,
-        DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable | DenyReason::UpstreamTimeout => {
-            sni::INTERNAL_ERROR
-        }
+        DenyReason::ResolveFailed
+        | DenyReason::UpstreamUnreachable
+        | DenyReason::UpstreamTimeout
+        | DenyReason::UpstreamInvalid => sni::INTERNAL_ERROR,
         _ => sni::ACCESS_DENIED,
     });
     // Best effort: the client may be gone.

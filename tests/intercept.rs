@@ -567,10 +567,11 @@ fn plain_http_to_an_inspected_host_sends_on_only_what_was_judged() {
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(r.headers.contains("x-egress-deny-reason: request_not_allowed"), "{}", r.headers);
     assert!(r.body.contains("_method=DELETE asks the upstream"), "{}", r.body);
-    // The same method goes on (to an origin that speaks only TLS, hence the 502).
+    // The same method goes on (to an origin that speaks only TLS, whose answer is no
+    // HTTP: hence the 502).
     let r = curl(&w, &w.gw_ca, &["--data", "a=1&_method=POST"], &form);
     assert_eq!(r.status, 502, "{}", r.body);
-    assert!(r.headers.contains("x-egress-deny-reason: upstream_unreachable"), "{}", r.headers);
+    assert!(r.headers.contains("x-egress-deny-reason: upstream_invalid"), "{}", r.headers);
 }
 
 #[test]

@@ -262,7 +262,16 @@ fn an_upstream_head_too_large_is_named_as_such() {
         format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"),
     );
     assert_eq!(status(&resp), 502, "{resp}");
-    assert!(resp.contains("more than 100 fields"), "{resp}");
+    assert!(resp.contains("more than 100 fields") && resp.contains("upstream_invalid"), "{resp}");
+    // An answer that is not HTTP/1.1 at all (an h2c-only origin's preface, say): the
+    // upstream was reached, and answered with what the gateway cannot relay.
+    let (port, _) = answers_once(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00garbage\r\n\r\n".to_vec());
+    let resp = raw::request(
+        gw.addr,
+        format!("GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"),
+    );
+    assert_eq!(status(&resp), 502, "{resp}");
+    assert!(resp.contains("upstream_invalid") && resp.contains("not HTTP the gateway can read"), "{resp}");
 }
 
 #[test]

@@ -32,9 +32,10 @@ pub fn status_for(reason: DenyReason) -> StatusCode {
         }
         DenyReason::BadRequest => StatusCode::BAD_REQUEST,
         DenyReason::RequestTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-        DenyReason::ResolveFailed | DenyReason::UpstreamUnreachable | DenyReason::UpstreamEncoding => {
-            StatusCode::BAD_GATEWAY
-        }
+        DenyReason::ResolveFailed
+        | DenyReason::UpstreamUnreachable
+        | DenyReason::UpstreamEncoding
+        | DenyReason::UpstreamInvalid => StatusCode::BAD_GATEWAY,
         DenyReason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         DenyReason::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::FORBIDDEN,
@@ -177,6 +178,7 @@ pub fn proxy_status(reason: DenyReason, explanation: &str) -> String {
         DenyReason::BadRequest => "http_request_error",
         DenyReason::RequestTooLarge => "http_request_error",
         DenyReason::UpstreamEncoding => "http_response_content_coding_error",
+        DenyReason::UpstreamInvalid => "http_protocol_error",
         _ => "http_request_denied",
     };
     let details: String = explanation

@@ -373,7 +373,7 @@ pub async fn handle(
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !is_websocket_upgrade(resp.headers()) {
         let detail = "the upstream switched to a protocol other than WebSocket";
-        return finish(&mut rec, DenyReason::UpstreamUnreachable, None, detail, Entry::Identified);
+        return finish(&mut rec, DenyReason::UpstreamInvalid, None, detail, Entry::Identified);
     }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade

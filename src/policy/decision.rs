@@ -23,6 +23,9 @@ pub enum DenyReason {
     UpstreamTimeout,
     LimitExceeded,
     UpstreamEncoding,
+    /// The upstream answered, but not with an HTTP answer the gateway can relay (a
+    /// head too large, not HTTP/1.1, a switch to another protocol than WebSocket).
+    UpstreamInvalid,
     PeerNotAllowed,
     RequestNotAllowed,
     SecretNotAllowed,
@@ -32,7 +35,7 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 22] = [
+    pub const ALL: [DenyReason; 23] = [
         DenyReason::AuthRequired,
         DenyReason::AuthInvalid,
         DenyReason::TokenExpired,
@@ -51,6 +54,7 @@ impl DenyReason {
         DenyReason::UpstreamTimeout,
         DenyReason::LimitExceeded,
         DenyReason::UpstreamEncoding,
+        DenyReason::UpstreamInvalid,
         DenyReason::PeerNotAllowed,
         DenyReason::RequestNotAllowed,
         DenyReason::SecretNotAllowed,
@@ -77,6 +81,7 @@ impl DenyReason {
             DenyReason::UpstreamTimeout => "upstream_timeout",
             DenyReason::LimitExceeded => "limit_exceeded",
             DenyReason::UpstreamEncoding => "upstream_encoding",
+            DenyReason::UpstreamInvalid => "upstream_invalid",
             DenyReason::PeerNotAllowed => "peer_not_allowed",
             DenyReason::RequestNotAllowed => "request_not_allowed",
             DenyReason::SecretNotAllowed => "secret_not_allowed",
@@ -105,6 +110,7 @@ impl DenyReason {
             DenyReason::UpstreamTimeout => "upstream did not answer in time",
             DenyReason::LimitExceeded => "a gateway limit was exceeded",
             DenyReason::UpstreamEncoding => "the upstream answered with a content coding the gateway cannot redact",
+            DenyReason::UpstreamInvalid => "the upstream answered with something the gateway cannot relay",
             DenyReason::PeerNotAllowed => "the sandboxes' policies do not both allow this connection",
             DenyReason::RequestNotAllowed => "no request rule of the sandbox policy allows this request",
             DenyReason::SecretNotAllowed => "the request carries a secret placeholder where its value may not go",
