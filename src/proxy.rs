@@ -3,6 +3,7 @@
 //! forwarding, the git route, API routes). Handlers go through the front door
 //! ([`crate::door`]) and never import this module.
 
+pub mod bad_target;
 pub mod inspect;
 pub mod proxy_protocol;
 pub mod server;
@@ -141,11 +142,36 @@ pub async fn first_request(
     };
     let Some(n) = n else { return First::Closed };
     let Some(head) = head::parse(&buf[..n], cfg.max_header_bytes, cfg.max_headers) else {
+        if let Some((method, target, hint)) = bad_target::refusal(&buf[..n]) {
+            refuse_bad_target(stream, conn, shared, &method, &target, &hint).await;
+            return First::Closed;
+        }
         return First::Serve(crate::replayed::Replayed::new(buf[..n].to_vec(), stream));
     };
     let state = shared.store.snapshot();
     let early = &buf[head.len..n];
     crate::connect::handle_first(&head, early, stream, conn, &shared.door, state, inspector(shared)).await
+}
+
+/// Refuses a first request whose target hyper would refuse without a reason
+/// ([`bad_target`]): `400 bad_request` with the hint, logged, and the connection closed.
+async fn refuse_bad_target(
+    mut stream: tokio::net::TcpStream,
+    conn: &ConnInfo,
+    shared: &Shared,
+    method: &str,
+    target: &str,
+    hint: &str,
+) {
+    use tokio::io::AsyncWriteExt;
+    let generation = shared.store.snapshot().generation;
+    let mut rec =
+        AccessRecord::with_vpce(Kind::Forward, method, raw_target(target), conn.peer, generation, conn.vpce.clone());
+    let mut resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
+    resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+    let bytes = door::respond::serialize(resp).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stream.write_all(&bytes)).await;
+    let _ = stream.shutdown().await;
 }
 
 /// An absolute-form request for the gateway's own route or git URL

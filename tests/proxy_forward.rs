@@ -758,3 +758,33 @@ fn an_origin_s_early_answer_to_an_upload_reaches_the_client() {
         assert!(out.body.starts_with("too large"), "round {round}: {}", out.body);
     }
 }
+
+/// A URL with `"`, `<` or `>` unencoded (Go's `net/http` and Python's `urllib` send a
+/// JSON query so) cannot be forwarded: hyper refused it with a bare `400`; as a
+/// connection's first request it is refused with the reason and what to encode.
+#[test]
+fn a_url_with_unencoded_quotes_is_refused_with_what_to_encode() {
+    let (gw, origin) = start_http();
+    let auth = basic("sbx-a", TOKEN_A);
+    let url = format!("http://origin.test:{}/echo?filter={{\"name\":\"x\"}}", origin.port());
+    let resp = raw::request(gw.addr, format!("GET {url} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"));
+    assert_eq!(status(&resp), 400, "{resp}");
+    assert!(resp.to_ascii_lowercase().contains("x-egress-deny-reason: bad_request"), "{resp}");
+    assert!(resp.contains("percent-encode them (\\\" as %22)"), "{resp}");
+    // Python's urllib, as a sandbox would run it.
+    let script = "import sys, urllib.request, urllib.error\n\
+                  try:\n    urllib.request.urlopen(sys.argv[1], timeout=10)\n\
+                  except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode())\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &url])
+        .env("http_proxy", gw.proxy_url("sbx-a", TOKEN_A))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("400") && text.contains("as %22"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(origin.recorded().is_empty());
+    // Encoded, it goes through.
+    let encoded = url.replace('"', "%22");
+    let resp = raw::request(gw.addr, format!("GET {encoded} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"));
+    assert_eq!(status(&resp), 200, "{resp}");
+}
