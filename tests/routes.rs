@@ -445,5 +445,5 @@ fn an_upstream_101_on_a_route_is_a_502_not_a_hang() {
         format!("GET /routes/api/ws HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\n\r\n").as_bytes(),
     );
     assert_eq!(status(&resp), 502, "{resp}");
-    assert!(resp.contains("routes do not upgrade"), "{resp}");
+    assert!(resp.contains("routes do not upgrade") && resp.contains("upstream_invalid"), "{resp}");
 }

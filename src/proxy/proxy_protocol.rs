@@ -124,6 +124,9 @@ pub fn parse_v2(buf: &[u8]) -> Result<(Header, usize), ProxyHeaderError> {
     let total = 16 + len;
     let whole = buf.get(..total).ok_or(ProxyHeaderError::Incomplete)?;
     let parsed = ppp::v2::Header::try_from(whole).map_err(|_| ProxyHeaderError::BadV2)?;
+    if !checksum_holds(whole) {
+        return Err(ProxyHeaderError::BadV2);
+    }
     let mut header = match (parsed.command, parsed.protocol, parsed.addresses) {
         // LOCAL: the proxy's own connection (health checks); addresses are ignored.
         (Command::Local, _, _) => return Ok((Header::default(), total)),
@@ -154,6 +157,46 @@ pub fn parse_v2(buf: &[u8]) -> Result<(Header, usize), ProxyHeaderError> {
         }
     }
     Ok((header, total))
+}
+
+/// The CRC32c TLV (type 0x03), when the header carries one: its value must be the
+/// CRC32c of the whole header with the value's own four bytes zeroed (the PROXY
+/// protocol specification, 2.2.5: a receiver that checks it drops a header that
+/// fails). A header without one holds.
+fn checksum_holds(whole: &[u8]) -> bool {
+    const TLV_CRC32C: u8 = 0x03;
+    let addresses = match whole[13] >> 4 {
+        1 => 12,
+        2 => 36,
+        3 => 216,
+        _ => 0,
+    };
+    let mut at = 16 + addresses;
+    while let Some(&[kind, hi, lo]) = whole.get(at..at + 3) {
+        let len = usize::from(u16::from_be_bytes([hi, lo]));
+        let value = at + 3;
+        if kind == TLV_CRC32C {
+            let Some(sent) = whole.get(value..value + 4).filter(|_| len == 4) else { return false };
+            let sent = u32::from_be_bytes([sent[0], sent[1], sent[2], sent[3]]);
+            let mut zeroed = whole.to_vec();
+            zeroed[value..value + 4].fill(0);
+            return crc32c(&zeroed) == sent;
+        }
+        at = value + len;
+    }
+    true
+}
+
+/// CRC-32C (Castagnoli), bit by bit: a header is at most a few hundred bytes.
+fn crc32c(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+        }
+    }
+    !crc
 }
 
 /// Looks at the first bytes of `stream` without consuming them, waiting up to
@@ -310,6 +353,25 @@ mod tests {
         truncated_tlv[15] += 2;
         truncated_tlv.extend_from_slice(&[0xEA, 0x00]);
         assert_eq!(parse_v2(&truncated_tlv), Err(ProxyHeaderError::BadV2));
+    }
+
+    /// A CRC32c TLV that holds is taken; one that does not refuses the header.
+    #[test]
+    fn v2_crc32c_is_checked_when_present() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283, "the standard check value");
+        let src: SocketAddr = "203.0.113.7:40000".parse().unwrap();
+        let dst: SocketAddr = "10.0.0.5:4002".parse().unwrap();
+        let mut bytes = encode_v2(src, dst, Some("vpce-0123"));
+        bytes.extend_from_slice(&[0x03, 0, 4, 0, 0, 0, 0]);
+        let len = u16::from_be_bytes([bytes[14], bytes[15]]) + 7;
+        bytes[14..16].copy_from_slice(&len.to_be_bytes());
+        let crc = crc32c(&bytes).to_be_bytes();
+        let at = bytes.len() - 4;
+        bytes[at..].copy_from_slice(&crc);
+        let (header, used) = parse_v2(&bytes).unwrap();
+        assert_eq!((header.source, header.vpce.as_deref(), used), (Some(src), Some("vpce-0123"), bytes.len()));
+        bytes[at] ^= 1;
+        assert_eq!(parse_v2(&bytes), Err(ProxyHeaderError::BadV2));
     }
 
     #[test]
