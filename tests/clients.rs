@@ -21,6 +21,34 @@ use support::{STANDARD_CONFIG, TOKEN_A, TestGateway, standard_policy};
 /// What the origin serves at /hello.txt.
 const HELLO: &str = "hello from the origin";
 
+/// A `requests` GET of `argv[2]` trusting the CA file `argv[1]`: prints the answer, or
+/// the error (and fails).
+const REQUESTS: &str = r#"
+import sys, requests
+try:
+    r = requests.get(sys.argv[2], verify=sys.argv[1], timeout=20)
+    print(r.status_code, r.text)
+except Exception as e:
+    print("ERROR", e)
+    sys.exit(1)
+"#;
+
+/// The same with `aiohttp`, which reads the proxy from the environment only with
+/// `trust_env`.
+const AIOHTTP: &str = r#"
+import asyncio, ssl, sys, aiohttp
+async def main():
+    ctx = ssl.create_default_context(cafile=sys.argv[1])
+    async with aiohttp.ClientSession(trust_env=True) as s:
+        async with s.get(sys.argv[2], ssl=ctx) as r:
+            print(r.status, await r.text())
+try:
+    asyncio.run(main())
+except Exception as e:
+    print("ERROR", repr(e))
+    sys.exit(1)
+"#;
+
 struct World {
     gw: TestGateway,
     ca: TestCa,
@@ -240,16 +268,7 @@ except Exception as e:
 #[test]
 fn python_requests_fetches_and_shows_the_reason() {
     let w = World::new();
-    let script = r#"
-import sys, requests
-try:
-    r = requests.get(sys.argv[2], verify=sys.argv[1], timeout=20)
-    print(r.status_code, r.text)
-except Exception as e:
-    print("ERROR", e)
-    sys.exit(1)
-"#;
-    w.python_allowed_and_denied(script, "requests");
+    w.python_allowed_and_denied(REQUESTS, "requests");
 }
 
 /// A token with characters beyond ASCII: `requests` and `aiohttp` send Basic
@@ -264,21 +283,7 @@ fn a_token_beyond_ascii_works_from_requests_aiohttp_and_curl() {
     let encoded: String = token.bytes().map(|b| format!("%{b:02X}")).collect();
     let proxy = format!("http://sbx-u:{encoded}@{}", w.gw.addr);
     let url = w.allowed("/hello.txt");
-    let requests = r#"
-import sys, requests
-r = requests.get(sys.argv[2], verify=sys.argv[1], timeout=20)
-print(r.status_code, r.text)
-"#;
-    let aiohttp = r#"
-import asyncio, ssl, sys, aiohttp
-async def main():
-    ctx = ssl.create_default_context(cafile=sys.argv[1])
-    async with aiohttp.ClientSession(trust_env=True) as s:
-        async with s.get(sys.argv[2], ssl=ctx) as r:
-            print(r.status, await r.text())
-asyncio.run(main())
-"#;
-    for (client, script) in [("requests", requests), ("aiohttp", aiohttp)] {
+    for (client, script) in [("requests", REQUESTS), ("aiohttp", AIOHTTP)] {
         let mut c = w.command("python3");
         c.env("HTTPS_PROXY", &proxy).env("https_proxy", &proxy).args(["-c", script, w.ca(), &url]);
         let out = run(c, "python3 with requests and aiohttp");
@@ -308,21 +313,7 @@ except Exception as e:
 #[test]
 fn python_aiohttp_fetches_and_shows_the_reason() {
     let w = World::new();
-    // aiohttp reads the proxy from the environment only with trust_env.
-    let script = r#"
-import asyncio, ssl, sys, aiohttp
-async def main():
-    ctx = ssl.create_default_context(cafile=sys.argv[1])
-    async with aiohttp.ClientSession(trust_env=True) as s:
-        async with s.get(sys.argv[2], ssl=ctx) as r:
-            print(r.status, await r.text())
-try:
-    asyncio.run(main())
-except Exception as e:
-    print("ERROR", repr(e))
-    sys.exit(1)
-"#;
-    w.python_allowed_and_denied(script, "aiohttp");
+    w.python_allowed_and_denied(AIOHTTP, "aiohttp");
 }
 
 #[test]
