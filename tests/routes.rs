@@ -30,6 +30,19 @@ fn world(route_extra: &str) -> World {
 fn world_with(route_extra: &str, routes: &str, proxy_extra: &str) -> World {
     let ca = TestCa::new(&["api.test"]);
     let api = TestOrigin::https(&ca);
+    world_at(ca, api, route_extra, routes, proxy_extra, None)
+}
+
+/// [`world_with`] with the route's upstream at `upstream_port` when given (another
+/// server than `api`, which then records nothing).
+fn world_at(
+    ca: TestCa,
+    api: TestOrigin,
+    route_extra: &str,
+    routes: &str,
+    proxy_extra: &str,
+    upstream_port: Option<u16>,
+) -> World {
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("api.key");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
@@ -44,7 +57,7 @@ fn world_with(route_extra: &str, routes: &str, proxy_extra: &str) -> World {
     let config = format!(
         "{hosts}\n[github]\nca_file = \"{ca}\"\n\n[[routes]]\nname = \"api\"\nupstream = \"https://api.test:{port}\"\ninject = {{ header = \"x-api-key\", secret_file = \"{secret}\" }}\n{route_extra}",
         ca = ca.ca_pem_path.display(),
-        port = api.port(),
+        port = upstream_port.unwrap_or(api.port()),
         secret = secret_file.display(),
     )
     .replace("{PORT}", &api.port().to_string())
@@ -446,4 +459,54 @@ fn an_upstream_101_on_a_route_is_a_502_not_a_hang() {
     );
     assert_eq!(status(&resp), 502, "{resp}");
     assert!(resp.contains("routes do not upgrade") && resp.contains("upstream_invalid"), "{resp}");
+}
+
+/// A TLS upstream (the test CA's certificate) that answers each connection's first
+/// request with `answer`, read by hand: what no HTTP server library would send.
+fn raw_tls_upstream(ca: &TestCa, answer: Vec<u8>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let config = ca.server_config.clone();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().take(4) {
+            let Ok(tcp) = tcp else { return };
+            let Ok(conn) = rustls::ServerConnection::new(config.clone()) else { return };
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && tls.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let _ = tls.write_all(&answer);
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        }
+    });
+    port
+}
+
+/// An API answering with more header fields than the gateway takes, or with what is
+/// not HTTP, is `502 upstream_invalid` (the upstream was reached), not
+/// `upstream_unreachable`.
+#[test]
+fn an_api_answering_what_the_gateway_cannot_read_is_upstream_invalid() {
+    let fields: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
+    for (answer, hint) in [
+        (format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n").into_bytes(), "more than 100 fields"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n".to_vec(), "not HTTP the gateway can read"),
+    ] {
+        // The route trusts the CA in `github.ca_file`: the one that signed both servers.
+        let ca = TestCa::new(&["api.test"]);
+        let port = raw_tls_upstream(&ca, answer);
+        let api = TestOrigin::https(&ca);
+        let w = world_at(ca, api, "", "[\"api\"]", "", Some(port));
+        let resp = raw::request(
+            w.gw.addr,
+            format!("GET /routes/api/v1 HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\n\r\n")
+                .as_bytes(),
+        );
+        assert_eq!(status(&resp), 502, "{resp}");
+        assert!(resp.contains("upstream_invalid") && resp.contains(hint), "{resp}");
+        assert!(!resp.contains(SECRET), "{resp}");
+    }
 }
