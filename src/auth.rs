@@ -136,12 +136,30 @@ pub fn parse_basic(value: &[u8]) -> Result<Credentials, AuthError> {
     Ok(creds)
 }
 
-/// The refusal of credentials in `scheme`: named when it looks like a scheme (a short
-/// token), since a client that sent a bare token where a scheme belongs must not see
-/// its token echoed.
+/// The refusal of credentials in `scheme`: named when it is a scheme clients send
+/// (IANA's registry, and NTLM and Kerberos), never otherwise, since a client that sent
+/// a bare token where the scheme belongs must not see its token echoed.
 fn other_scheme(scheme: &str) -> AuthError {
-    let named = (1..=16).contains(&scheme.len()) && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-    AuthError::Scheme(if named { scheme.to_string() } else { "an unknown".to_string() })
+    const KNOWN: [&str; 16] = [
+        "Bearer",
+        "Digest",
+        "DPoP",
+        "GNAP",
+        "HOBA",
+        "Mutual",
+        "Negotiate",
+        "NTLM",
+        "Kerberos",
+        "OAuth",
+        "PrivateToken",
+        "SCRAM-SHA-1",
+        "SCRAM-SHA-256",
+        "vapid",
+        "AWS4-HMAC-SHA256",
+        "Token",
+    ];
+    let named = KNOWN.iter().find(|k| k.eq_ignore_ascii_case(scheme));
+    AuthError::Scheme(named.map_or("an unknown", |k| k).to_string())
 }
 
 /// SHA-256 of a token, as listed in policy files (`token_sha256`).
@@ -283,6 +301,9 @@ mod tests {
             ("Bearer sbx-1:secret-token-value", "Bearer"),
             ("Digest username=\"x\"", "Digest"),
             ("secret-token-value-that-is-long", "an unknown"),
+            ("tokenA-secret-01", "an unknown"),
+            ("0123456789abcdef rest", "an unknown"),
+            ("ntlm TlRM", "NTLM"),
         ] {
             let e = parse_basic(value.as_bytes()).map(|_| ()).unwrap_err();
             assert_eq!(e, AuthError::Scheme(named.to_string()), "{value}");

@@ -253,9 +253,7 @@ async fn decide_and_send(
 
     match req.uri().scheme_str() {
         Some("http") => {}
-        // aiohttp asks for a `ws://` URL as it is, with the WebSocket handshake: it is
-        // the same request as `http://` (RFC 6455 3).
-        Some(ws) if ws.eq_ignore_ascii_case("ws") && is_websocket_upgrade(req.headers()) => {}
+        // A `ws://` WebSocket handshake arrives as `http://` (`proxy::handle`).
         Some(ws) if ws.eq_ignore_ascii_case("ws") => {
             return refuse(&mut rec, "a ws:// URL is forwarded only as a WebSocket handshake (Upgrade: websocket)");
         }

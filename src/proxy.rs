@@ -199,7 +199,7 @@ async fn own_url(
 /// Entry point for every request on the proxy port: chooses the handler.
 /// `upstream`: the connection's own upstream connection for forwarded requests.
 pub async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     conn: &ConnInfo,
     upstream: &crate::forward::Upstream,
     shared: &Arc<Shared>,
@@ -219,6 +219,18 @@ pub async fn handle(
         let resp = door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute);
         crate::door::bodies::refuse_request(req, door.config.proxy.tunnel_idle_timeout, resp).await
     };
+    // A WebSocket handshake for a `ws://` URL (aiohttp sends it so) is the same request
+    // as for `http://` (RFC 6455 3), and is dispatched as one: to the git route, an API
+    // route or the gateway's own URLs as much as to `forward`.
+    if req.uri().scheme_str().is_some_and(|s| s.eq_ignore_ascii_case("ws"))
+        && crate::door::headers::is_websocket_upgrade(req.headers())
+    {
+        let mut parts = req.uri().clone().into_parts();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
     let origin_path = |path: &str| {
         path.starts_with("/routes/")
             || path.strip_prefix('/').and_then(|p| p.strip_prefix(gh_host.as_str())).is_some_and(|r| r.starts_with('/'))

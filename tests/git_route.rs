@@ -238,6 +238,20 @@ fn absolute_form_through_the_proxy() {
         "{}",
         stderr(&out)
     );
+    // A `ws://` URL with a WebSocket handshake is dispatched as `http://` is: to the git
+    // route, never forwarded around it.
+    let auth = support::basic("sbx-a", TOKEN_A);
+    for scheme in ["ws", "WS"] {
+        let resp = raw::request(
+            w.gw.addr,
+            format!(
+                "GET {scheme}://github.test/other/secret.git/info/refs?service=git-upload-pack HTTP/1.1\r\n\
+                 Proxy-Authorization: {auth}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ),
+        );
+        assert!(resp.contains("repo_not_connected"), "{scheme}: {resp}");
+    }
 }
 
 #[test]

@@ -41,9 +41,11 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
     }
 }
 
-/// Longest query taken, on either transport. A stub's query (a name of at most 255
-/// bytes, an OPT record with a cookie, a client subnet and padding) is far shorter.
-pub const MAX_QUERY: usize = 4096;
+/// Longest query taken, on either transport: the EDNS payload size of DNS Flag Day
+/// 2020. A stub's query (a name of at most 255 bytes, an OPT record with a cookie, a
+/// client subnet and padding to a block of 128, a TSIG record) is shorter. Within it,
+/// a message of OPT options or pointer chains costs at most about ten plain queries.
+pub const MAX_QUERY: usize = 1232;
 
 /// Whether the header describes a query the firewall could answer: at most one
 /// question, no answer or authority records, at most two additional ones (an OPT and a
