@@ -8,7 +8,7 @@ use crate::auth::{self, AuthError, Credentials, Identity};
 use crate::reload::State;
 
 /// What a sandbox is told when its proxy credentials are missing or wrong.
-pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL";
+pub const AUTH_HINT: &str = "use http://SANDBOX_ID:TOKEN@gateway:4002 as the proxy URL (Basic proxy credentials)";
 
 /// Where a request's credentials may be.
 #[derive(Debug, Clone, Copy)]
