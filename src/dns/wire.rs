@@ -44,7 +44,7 @@ pub async fn answer_bytes(raw: &[u8], peer: SocketAddr, protocol: Protocol, hand
 /// Longest query taken, on either transport: the EDNS payload size of DNS Flag Day
 /// 2020. A stub's query (a name of at most 255 bytes, an OPT record with a cookie, a
 /// client subnet and padding to a block of 128, a TSIG record) is shorter. Within it,
-/// a message of OPT options or pointer chains costs at most about ten plain queries.
+/// a message of OPT options or pointer chains costs about 7 to 12 plain queries.
 pub const MAX_QUERY: usize = 1232;
 
 /// Whether the header describes a query the firewall could answer: at most one
