@@ -31,6 +31,11 @@ fn forwards_with_clean_headers_and_host_from_the_uri() {
         "X-Egress-Budget: upload_bytes",
         "-H",
         "X-Egress-Deny-Reason: host_denied",
+        // The token under names that are not `Proxy-Authorization` but read as it.
+        "-H",
+        &format!("X-Proxy-Authorization: {}", basic("sbx-a", TOKEN_A)),
+        "-H",
+        &format!("Proxy_Authorization: sbx-a:{TOKEN_A}"),
         &url,
     ]);
     assert_eq!((out.exit, out.status), (0, 200), "{out:?}");
@@ -41,10 +46,14 @@ fn forwards_with_clean_headers_and_host_from_the_uri() {
     assert_eq!(header("x-end-to-end").as_deref(), Some("passes"));
     // The gateway's own fields are its word alone, in either direction.
     let gateway_only = ["proxy-status", "x-egress-budget", "x-egress-deny-reason"];
-    for gone in ["proxy-authorization", "proxy-connection", "x-hop", "connection"].into_iter().chain(gateway_only) {
+    let credentials = ["proxy-authorization", "x-proxy-authorization", "proxy_authorization"];
+    for gone in ["proxy-connection", "x-hop", "connection"].into_iter().chain(gateway_only).chain(credentials) {
         assert!(header(gone).is_none(), "{gone} must be stripped: {:?}", rec.headers);
     }
-    assert!(!format!("{:?}", rec.headers).contains(TOKEN_A), "token reached the origin");
+    let seen = format!("{:?}", rec.headers);
+    let encoded = basic("sbx-a", TOKEN_A);
+    let encoded = encoded.trim_start_matches("Basic ");
+    assert!(!seen.contains(TOKEN_A) && !seen.contains(encoded), "token reached the origin: {seen}");
 
     let log = gw.access_for(&format!("origin.test:{}", origin.port()));
     assert_eq!(log["kind"], "forward");

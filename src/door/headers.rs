@@ -30,6 +30,7 @@ pub fn rule_headers(h: &HeaderMap) -> Vec<(String, String)> {
         .filter(|(k, _)| {
             hop_by_hop_index(k.as_str()).is_none()
                 && !GATEWAY_ONLY.contains(&k.as_str())
+                && !is_credential_lookalike(k.as_str().as_bytes())
                 && !nominated.iter().any(|n| n == k.as_str())
         })
         .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
@@ -210,14 +211,38 @@ pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: 
 pub fn strip_client_request(h: &mut HeaderMap, keep_upgrade: bool) {
     strip_hop_by_hop(h, keep_upgrade);
     strip_gateway_fields(h);
+    strip_credential_lookalikes(h);
 }
 
-/// Whether `name` is one the client's `Connection` nominates as hop-by-hop, or one
-/// only the gateway writes: for handlers that copy a request's fields by name. `_`
+/// Spellings of `Proxy-Authorization` that are not it, and so are not hop-by-hop to
+/// hyper: `Proxy_Authorization` (which CGI and WSGI backends read as the real one) and
+/// `X-Proxy-Authorization`. A client that puts its gateway token there meant it for
+/// the gateway; it never goes on to an origin.
+const CREDENTIAL_LOOKALIKES: [&str; 2] = ["proxy-authorization", "x-proxy-authorization"];
+
+fn is_credential_lookalike(name: &[u8]) -> bool {
+    CREDENTIAL_LOOKALIKES.iter().any(|c| same_field(c.as_bytes(), name))
+}
+
+/// Removes [`CREDENTIAL_LOOKALIKES`] from a request head.
+fn strip_credential_lookalikes(h: &mut HeaderMap) {
+    if h.keys().any(|k| is_credential_lookalike(k.as_str().as_bytes())) {
+        let found: Vec<HeaderName> =
+            h.keys().filter(|k| is_credential_lookalike(k.as_str().as_bytes())).cloned().collect();
+        for name in found {
+            h.remove(name);
+        }
+    }
+}
+
+/// Whether `name` is one the client's `Connection` nominates as hop-by-hop, one only
+/// the gateway writes, or a spelling of the proxy credentials': for handlers that copy a request's fields by name. `_`
 /// and `-` are the same here, as CGI and WSGI backends read them (`proxy_status` is
 /// their `Proxy-Status`).
 pub fn never_forwarded(h: &HeaderMap, name: &str) -> bool {
-    is_gateway_only(name.as_bytes()) || connection_tokens(h).any(|t| same_field(t, name.as_bytes()))
+    is_gateway_only(name.as_bytes())
+        || is_credential_lookalike(name.as_bytes())
+        || connection_tokens(h).any(|t| same_field(t, name.as_bytes()))
 }
 
 /// Whether two field names are the same, with `_`, `.` and `-` alike (PHP's built-in
@@ -325,10 +350,24 @@ mod tests {
         ]);
         strip_client_request(&mut h, false);
         assert_eq!(h.len(), 2, "{h:?}");
+        // Nor its proxy credentials, however the field is spelt.
+        let mut h = with(&[
+            ("proxy_authorization", "Basic c2J4OnRva2Vu"),
+            ("x-proxy-authorization", "Basic c2J4OnRva2Vu"),
+            ("x_proxy.authorization", "Basic c2J4OnRva2Vu"),
+            ("proxy-authorizations", "kept: another name"),
+            ("authorization", "Bearer the origin's own"),
+        ]);
+        assert!(rule_headers(&h).iter().all(|(k, _)| !k.contains("proxy_") && !k.starts_with("x-proxy")));
+        strip_client_request(&mut h, false);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "proxy-authorizations"], "{h:?}");
         let h = with(&[("connection", "X-Foo, x_bar"), ("x-foo", "1")]);
         assert!(never_forwarded(&h, "x-foo") && never_forwarded(&h, "proxy-status"));
         assert!(never_forwarded(&h, "x_foo") && never_forwarded(&h, "x-bar") && never_forwarded(&h, "proxy_status"));
         assert!(!never_forwarded(&h, "accept"));
+        assert!(never_forwarded(&h, "x-proxy-authorization") && never_forwarded(&h, "Proxy_Authorization"));
     }
 
     #[test]
