@@ -248,6 +248,17 @@ impl Policy {
         self.routes.iter().any(|r| r.name == name && r.allows_method(method))
     }
 
+    /// The method a `_method` query field names on route `name` that its entry does
+    /// not allow (`path` with its query), if any.
+    pub fn route_refused_query_method(&self, name: &str, method: &str, path: &str) -> Option<String> {
+        self.routes.iter().find(|r| r.name == name)?.refused_query_method(method, path)
+    }
+
+    /// Every method some route entry of this policy names.
+    pub fn route_methods(&self) -> impl Iterator<Item = &str> {
+        self.routes.iter().flat_map(|r| r.methods.iter().map(String::as_str))
+    }
+
     /// Whether a request may use API route `route`: listed by the policy, with a method
     /// and path (query allowed) its `[[routes]]` entry allows. Always enforced.
     pub fn decide_route(&self, route: &str, method: &str, path: &str) -> Decision<'_> {
@@ -256,10 +267,10 @@ impl Policy {
             return deny(DenyReason::RouteNotAllowed, None);
         };
         let Some(rule) = self.rules.get(r.rule) else { return deny(DenyReason::RouteNotAllowed, None) };
-        let path = explain::path_only(path);
-        if !r.allows_method(method) {
+        if !r.allows_method(method) || r.refused_query_method(method, path).is_some() {
             return deny(DenyReason::RouteNotAllowed, Some(rule));
         }
+        let path = explain::path_only(path);
         if route::is_traversal(path) {
             return deny(DenyReason::BadRequest, Some(rule));
         }
@@ -702,7 +713,20 @@ mod tests {
         assert_eq!(route("POST", "/v1/models").1, Some(DenyReason::RouteNotAllowed));
         assert_eq!(route("GET", "/v1/../admin").1, Some(DenyReason::BadRequest));
         assert_eq!(route("GET", "/v1/%2E%2e/admin").1, Some(DenyReason::BadRequest));
-        for tricky in ["/v1/%252e%252e/admin", "/v1/%c0%ae%c0%ae/admin", "/v1/..%5cadmin", "/v1/a%2F%2Fb"] {
+        for tricky in [
+            "/v1/%252e%252e/admin",
+            "/v1/%c0%ae%c0%ae/admin",
+            "/v1/..%5cadmin",
+            "/v1/a%2F%2Fb",
+            // IIS's %u, fullwidth dots (NFKC), and `.` segments, as written or encoded.
+            "/v1/%u002e%u002e/admin",
+            "/v1/%25u002e%25U002E/admin",
+            "/v1/%EF%BC%8E%EF%BC%8E/admin",
+            "/v1/\u{ff0e}\u{ff0e}/admin",
+            "/v1/./x",
+            "/v1/%2e/x",
+            "/v1/x/.",
+        ] {
             assert_eq!(route("GET", tricky).1, Some(DenyReason::BadRequest), "{tricky}");
         }
         assert_eq!(route("GET", "/v1/a%20b").0, Outcome::Allow);

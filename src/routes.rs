@@ -22,6 +22,7 @@ use crate::dial::UpstreamAddr;
 use crate::door::bodies::{Counting, IdleBody, LoggedBody, Trailers};
 use crate::door::headers::strip_upstream_response;
 use crate::door::limits::SandboxLimits;
+use crate::door::method_field;
 use crate::door::record::refuse_as as finish;
 use crate::door::registry::{ENDED_HINT, Revocable};
 use crate::door::{self, ConnInfo, Door, Entry, Presented, ProxyBody};
@@ -129,6 +130,7 @@ async fn route(
     rec.target = format!("route:{}", route.name).into();
     let subject = Subject::Route { route: route.name.clone(), method: method.clone(), path: upstream_path.clone() };
     let sandbox = identity.sandbox.clone();
+    let policy = identity.policy.clone();
     let hold = match door::authorize_as(door, &state, &mut rec, conn, identity, subject) {
         Ok(a) => Arc::new(a.hold),
         Err(refusal) => return door::refuse(&mut rec, refusal, entry),
@@ -151,10 +153,29 @@ async fn route(
     let Some(body) = body.take() else {
         return finish(&mut rec, DenyReason::BadRequest, None, "the request body is gone", entry);
     };
+    let has_body = !http_body::Body::is_end_stream(&body);
+    // An upstream that ignores a GET's body would read it as a second request, run
+    // with the route's key and judged by no rule.
+    let m = parts.method.as_str();
+    if has_body && (m.eq_ignore_ascii_case("GET") || m.eq_ignore_ascii_case("HEAD")) {
+        let hint = "a GET or HEAD request with a body is not sent on: upstreams disagree on its framing";
+        return finish(&mut rec, DenyReason::BadRequest, None, hint, entry);
+    }
     let bytes_up = Arc::new(AtomicU64::new(0));
     let idle = door.config.proxy.tunnel_idle_timeout;
-    let body = Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)
+    let mut body = Revocable::new(IdleBody::new(Counting::new(body, bytes_up.clone()), idle), hold.clone(), Dir::Up)
         .boxed_unsync();
+    // A POST whose body names another method (`_method=DELETE`, which Rails, Laravel
+    // and Symfony run as a DELETE) is judged as that method too, as the body streams.
+    let refused_method = Arc::new(std::sync::OnceLock::new());
+    let judge = || method_field::judge_route(policy.clone(), route.name.clone(), upstream_path.clone());
+    match method_field::plan(&parts.method, &parts.headers, has_body, judge) {
+        method_field::Plan::Pass => {}
+        method_field::Plan::Refuse(hint) => return finish(&mut rec, DenyReason::RouteNotAllowed, None, &hint, entry),
+        method_field::Plan::Watch(form, judge) => {
+            body = method_field::watch(body, form, judge, refused_method.clone()).boxed_unsync();
+        }
+    }
     let uri = format!("{}{}", route.upstream.to_string().trim_end_matches('/'), upstream_path);
     let mut up = Request::builder().method(parts.method.clone()).uri(uri);
     if let Some(h) = up.headers_mut() {
@@ -180,6 +201,9 @@ async fn route(
         Some(Ok(r)) => r,
         Some(Err(_)) if let Some(spent) = hold.meter().and_then(|m| m.why()).cloned() => {
             return door::refuse(&mut rec, door::Refusal::budget(spent), entry);
+        }
+        Some(Err(_)) if let Some(hint) = refused_method.get() => {
+            return finish(&mut rec, DenyReason::RouteNotAllowed, None, hint, entry);
         }
         Some(Err((reason, detail))) => return finish(&mut rec, reason, None, &detail, entry),
         None => return finish(&mut rec, DenyReason::Revoked, None, ENDED_HINT, entry),
@@ -228,8 +252,12 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, route: &RouteConfig) {
     // redactor; `accept-encoding` is replaced by `identity`. Method and URL override
     // headers would let an upstream that honours them run another method or path
     // than the one the route's rules judged, with the gateway's key.
-    let drop: [&str; 14] = [
+    // `expect`: the gateway answered the client's `100-continue` itself; an upstream
+    // told to expect a body may answer before it and leave the body to be read as a
+    // request of its own.
+    let drop: [&str; 15] = [
         "host",
+        "expect",
         "range",
         "if-range",
         "accept-encoding",

@@ -12,7 +12,7 @@ use std::time::Duration;
 use support::github_api::FakeGithubApi;
 use support::raw::{self, status};
 use support::tls::TestCa;
-use support::{TOKEN_A, TOKEN_B, TestGateway, TestOrigin, sha256_hex};
+use support::{TOKEN_A, TOKEN_B, TestGateway, TestOrigin, curl, sha256_hex};
 
 fn git(dir: &Path, args: &[&str]) -> Output {
     Command::new("git")
@@ -104,16 +104,18 @@ fn world_with(token_ttl_secs: u64, refresh_before: &str, static_token: Option<&s
 }
 
 fn world_with_policy(token_ttl_secs: u64, refresh_before: &str, static_token: Option<&str>, policy: &str) -> World {
-    world_full(token_ttl_secs, refresh_before, static_token, policy, "")
+    world_full(token_ttl_secs, refresh_before, static_token, policy, "", "")
 }
 
-/// `api_prefix`: a path under the API host, as GitHub Enterprise Server has (`/api/v3`).
+/// `api_prefix`: a path under the API host, as GitHub Enterprise Server has (`/api/v3`);
+/// `github_extra`: more `[github]` keys.
 fn world_full(
     token_ttl_secs: u64,
     refresh_before: &str,
     static_token: Option<&str>,
     policy: &str,
     api_prefix: &str,
+    github_extra: &str,
 ) -> World {
     let ca = TestCa::new(&["github.test", "api.github.test"]);
     let repos = repos();
@@ -147,6 +149,7 @@ web_url = "https://github.test:{web}"
 api_url = "https://api.github.test:{api}{api_prefix}"
 ca_file = "{ca}"
 refresh_before = "{refresh_before}"
+{github_extra}
 {credentials}
 "#,
         web = github.port(),
@@ -508,7 +511,7 @@ fn report_mode_never_lends_the_gateways_credential() {
 /// accepted by config validation and kept on every API call.
 #[test]
 fn github_enterprise_api_url_with_a_path_prefix() {
-    let w = world_full(3600, "5m", None, POLICY, "/api/v3");
+    let w = world_full(3600, "5m", None, POLICY, "/api/v3", "");
     let work = tempfile::tempdir().unwrap();
     ok(w.git_via(work.path(), "sbx-a", TOKEN_A, &["clone", "https://github.test/acme/widgets.git", "w"]));
     assert_eq!(w.api.mint_count(), 1);
@@ -609,4 +612,57 @@ fn a_github_that_echoes_the_token_never_hands_it_to_the_sandbox() {
         assert!(!resp.contains(leaked), "{leaked} in {resp}");
     }
     assert!(resp.contains("[REDACTED]"), "{resp}");
+}
+
+/// A sandbox names the repository, so it chooses what the App mints: it may cause at
+/// most `github.sandbox_mints_per_minute` mints, and a failed mint is answered from the
+/// cache for a while, so no sandbox spends the App's API rate limit for the others.
+#[test]
+fn a_sandbox_cannot_spend_the_apps_token_mints() {
+    let w = world_full(3600, "5m", None, POLICY, "", "sandbox_mints_per_minute = 5");
+    let refs = |repo: &str| {
+        curl(&[&format!(
+            "http://sbx-a:{TOKEN_A}@{}/github.test/acme/{repo}.git/info/refs?service=git-upload-pack",
+            w.gw.addr
+        )])
+    };
+    let statuses: Vec<u16> = (0..8).map(|i| refs(&format!("tools-nx{i}")).status).collect();
+    assert!(statuses[..5].iter().all(|s| *s != 429) && statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
+    assert_eq!(w.api.mint_count(), 5);
+    let out = refs("tools-nx7");
+    assert!(out.body.contains("limit_exceeded") && out.body.contains("sandbox_mints_per_minute"), "{out:?}");
+    // A repository already minted for is served from the cache, over the limit too.
+    assert_ne!(refs("tools-nx0").status, 429);
+    assert_eq!(w.api.mint_count(), 5);
+    drop(w);
+
+    let w = world(3600, "5m");
+    for _ in 0..3 {
+        let out = curl(&[&format!(
+            "http://sbx-a:{TOKEN_A}@{}/github.test/acme/tools-missing.git/info/refs?service=git-upload-pack",
+            w.gw.addr
+        )]);
+        assert_eq!(out.status, 502, "{out:?}");
+    }
+    assert_eq!(w.api.mint_count(), 1, "a failed mint is remembered, not asked again");
+}
+
+/// A GET with a body is never sent on with the gateway's credential: a server that
+/// ignores a GET's body would read it as a second request no rule judged.
+#[test]
+fn a_ref_advertisement_with_a_body_is_refused() {
+    let w = world(3600, "5m");
+    let body = "POST /acme/private.git/git-receive-pack HTTP/1.1\r\nHost: github.test\r\nX-Swallow: ";
+    let resp = raw::request(
+        w.gw.addr,
+        format!(
+            "GET /github.test/acme/widgets.git/info/refs?service=git-upload-pack HTTP/1.1\r\nHost: gw\r\n\
+             Authorization: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            support::basic("sbx-a", TOKEN_A),
+            body.len()
+        ),
+    );
+    assert_eq!(status(&resp), 400, "{resp}");
+    assert!(resp.contains("GET or HEAD request with a body"), "{resp}");
+    assert!(w.github.recorded().is_empty(), "nothing reached GitHub");
 }

@@ -510,3 +510,70 @@ fn an_api_answering_what_the_gateway_cannot_read_is_upstream_invalid() {
         assert!(!resp.contains(SECRET), "{resp}");
     }
 }
+
+/// What a route's rules judged is all an upstream can run with the key: a GET with a
+/// body (which an upstream that ignores GET bodies reads as a second request) is
+/// refused; a `_method` field, in the query or the body, is judged as a method;
+/// `Expect` stays behind (the gateway answered it); and paths that climb once an
+/// upstream decodes `%u`, fullwidth dots or `.` segments are refused.
+#[test]
+fn a_route_judges_get_bodies_method_fields_expect_and_decoded_paths() {
+    let w = world("paths = [\"/echo\"]\nmethods = [\"GET\", \"POST\"]\n");
+    let send = |head: &str, body: &str| {
+        raw::request(
+            w.gw.addr,
+            format!(
+                "{head} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let smuggled = "DELETE /echo/admin HTTP/1.1\r\nHost: api.test\r\nX-Swallow: ";
+    let resp = send("GET /routes/api/echo", smuggled);
+    assert_eq!(status(&resp), 400, "{resp}");
+    assert!(resp.contains("GET or HEAD request with a body"), "{resp}");
+
+    let resp = send("POST /routes/api/echo?_method=DELETE", "");
+    assert_eq!(status(&resp), 403, "{resp}");
+    assert!(resp.contains("route_not_allowed") && resp.contains("_method=DELETE"), "{resp}");
+    for (kind, body) in
+        [("application/x-www-form-urlencoded", "a=1&_method=DELETE"), ("application/json", "{\"_method\":\"DELETE\"}")]
+    {
+        let resp = raw::request(
+            w.gw.addr,
+            format!(
+                "POST /routes/api/echo HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\n\
+                 Content-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        );
+        assert_eq!(status(&resp), 403, "{kind}: {resp}");
+        assert!(resp.contains("_method=DELETE"), "{resp}");
+    }
+    // A form that names an allowed method, and a plain form, go through.
+    let resp = send("POST /routes/api/echo?_method=GET", "a=1");
+    assert_eq!(status(&resp), 200, "{resp}");
+
+    let mut s = raw::connect(w.gw.addr);
+    let head = format!(
+        "POST /routes/api/echo HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sbx-a:{TOKEN_A}\r\n\
+         Content-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let interim = raw::read_head(&mut s);
+    assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+    s.write_all(b"hello").unwrap();
+    let resp = raw::read_response(&mut s);
+    assert_eq!(status(&resp), 200, "{resp}");
+    let rec = w.api.recorded().pop().unwrap();
+    assert_eq!(rec.method, "POST");
+    assert!(header(&rec, "expect").is_none(), "Expect reached the upstream: {:?}", rec.headers);
+
+    for path in ["/echo/%u002e%u002e/admin", "/echo/%EF%BC%8E%EF%BC%8E/admin", "/echo/./x", "/echo/%2e/x"] {
+        let resp = send(&format!("GET /routes/api{path}"), "");
+        assert_eq!(status(&resp), 400, "{path}: {resp}");
+    }
+    let methods: Vec<String> = w.api.recorded().iter().map(|r| format!("{} {}", r.method, r.uri)).collect();
+    assert_eq!(methods, ["POST /echo?_method=GET", "POST /echo"], "only the allowed requests reached the API");
+}

@@ -179,6 +179,8 @@ pub struct RawGithub {
     /// A git request or response body with no bytes for this long is aborted.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// App tokens one sandbox may cause to be minted per minute; 0: any number.
+    pub sandbox_mints_per_minute: u32,
 }
 
 impl Default for RawGithub {
@@ -192,6 +194,7 @@ impl Default for RawGithub {
             token_files: BTreeMap::new(),
             refresh_before: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(120),
+            sandbox_mints_per_minute: 30,
         }
     }
 }

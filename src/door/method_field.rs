@@ -89,20 +89,33 @@ pub enum Plan {
 /// each method is decided as the request's own would be, with the same headers.
 /// Report mode refuses nothing.
 pub fn judge(policy: Arc<Policy>, target: Target, path: String, headers: Vec<(String, String)>) -> Judging {
+    judging(policy, move |m| Subject::Request {
+        target: target.clone(),
+        method: m.to_string(),
+        path: path.clone(),
+        headers: headers.clone(),
+    })
+}
+
+/// The [`Judge`] of a request on API route `route` at `path` (with its query): each
+/// method is decided as the route's entry decides the request's own. Routes are
+/// always enforced.
+pub fn judge_route(policy: Arc<Policy>, route: String, path: String) -> Judging {
+    judging(policy, move |m| Subject::Route { route: route.clone(), method: m.to_string(), path: path.clone() })
+}
+
+/// A [`Judging`] that decides `subject(method)` under `policy`, asking about the
+/// methods any rule names and [`OTHERS`].
+fn judging(policy: Arc<Policy>, subject: impl Fn(&str) -> Subject + Send + 'static) -> Judging {
     let named = policy.request_rules().iter().flat_map(|r| r.methods.iter().cloned());
-    let methods = OTHERS.iter().map(|m| m.to_string()).chain(named).collect();
+    let routes = policy.route_methods().map(str::to_string);
+    let methods = OTHERS.iter().map(|m| m.to_string()).chain(named).chain(routes).collect();
     let judge = Box::new(move |m: &str| {
-        let subject = Subject::Request {
-            target: target.clone(),
-            method: m.to_string(),
-            path: path.clone(),
-            headers: headers.clone(),
-        };
-        let d = policy::decide(&policy, &subject, None);
+        let d = policy::decide(&policy, &subject(m), None);
         (d.reason().is_some() && !d.report_only).then(|| {
             format!(
-                "the body field _method={m} asks the upstream to run this POST as {m}, which the request rules \
-                 refuse; the request was not sent"
+                "the body field _method={m} asks the upstream to run this POST as {m}, which the rules refuse; the \
+                 request was not sent"
             )
         })
     });

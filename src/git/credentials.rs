@@ -3,6 +3,12 @@
 //! repository and the permission needed), cached until shortly before expiry with one
 //! mint in flight per key; or a static token file per owner. Fails closed. Tokens are
 //! never logged: [`Secret`] redacts itself.
+//!
+//! A sandbox names the repository, so it chooses what is minted: each sandbox may
+//! cause at most `github.sandbox_mints_per_minute` mints (a burst of as many, refilled
+//! over the minute), and a failed mint is remembered for [`FAILED_FOR`], so that a
+//! sandbox asking for repositories that do not exist, or for many that a glob allows,
+//! cannot spend the App's API rate limit, which every sandbox shares.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +34,8 @@ pub enum CredError {
     TokenFile(String),
     #[error("GitHub App: {0}")]
     App(String),
+    #[error("this sandbox asked for new GitHub credentials too often; retry in {0} s")]
+    TooManyMints(u64),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -36,9 +44,22 @@ pub enum Permission {
     Write,
 }
 
+/// A mint's outcome: a token, or why there is none (remembered for [`FAILED_FOR`]).
 struct Cached {
-    token: Secret,
+    token: Result<Secret, String>,
     refresh_at: SystemTime,
+}
+
+/// How long a failed mint is answered from the cache.
+const FAILED_FOR: Duration = Duration::from_secs(10);
+
+/// Past this many cached keys, expired ones are dropped as a new one is added.
+const CACHE_PRUNE_AT: usize = 4096;
+
+/// A sandbox's mint allowance: a token bucket of `github.sandbox_mints_per_minute`.
+struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Cached>>>;
@@ -51,6 +72,9 @@ pub struct Credentials {
     client: Client<HttpsConnector, Full<Bytes>>,
     tokens: Mutex<HashMap<(String, Permission), Slot>>,
     installations: Mutex<HashMap<String, u64>>,
+    /// Mints a sandbox may cause per minute (0: any number).
+    mints_per_minute: u32,
+    buckets: Mutex<HashMap<String, Bucket>>,
 }
 
 /// Largest API response read.
@@ -77,12 +101,15 @@ impl Credentials {
             client,
             tokens: Mutex::new(HashMap::new()),
             installations: Mutex::new(HashMap::new()),
+            mints_per_minute: cfg.sandbox_mints_per_minute,
+            buckets: Mutex::new(HashMap::new()),
         })
     }
 
-    /// A token for `owner/repo` with `perm`. A static token file for the owner wins;
-    /// otherwise the App mints (or the cache returns) an installation token.
-    pub async fn token(&self, owner: &str, repo: &str, perm: Permission) -> Result<Secret, CredError> {
+    /// A token for `owner/repo` with `perm`, asked for by `sandbox`. A static token
+    /// file for the owner wins; otherwise the App mints (or the cache returns) an
+    /// installation token.
+    pub async fn token(&self, sandbox: &str, owner: &str, repo: &str, perm: Permission) -> Result<Secret, CredError> {
         let owner_lc = owner.to_ascii_lowercase();
         if let Some(file) = self.token_files.get(&owner_lc) {
             let text = tokio::fs::read_to_string(file).await.map_err(|_| CredError::TokenFile(owner.to_string()))?;
@@ -98,6 +125,12 @@ impl Credentials {
         let key = (format!("{owner_lc}/{}", repo.to_ascii_lowercase()), perm);
         let slot = {
             let mut tokens = self.tokens.lock().map_err(|_| CredError::App("lock".into()))?;
+            if tokens.len() >= CACHE_PRUNE_AT && !tokens.contains_key(&key) {
+                let now = SystemTime::now();
+                // A slot in use (locked) stays; an empty or expired one goes.
+                tokens
+                    .retain(|_, slot| slot.try_lock().map_or(true, |c| c.as_ref().is_some_and(|c| now < c.refresh_at)));
+            }
             tokens.entry(key).or_default().clone()
         };
         // One mint in flight per (repository, permission): others wait on the slot.
@@ -105,12 +138,38 @@ impl Credentials {
         if let Some(c) = cached.as_ref()
             && SystemTime::now() < c.refresh_at
         {
-            return Ok(c.token.clone());
+            return c.token.clone().map_err(CredError::App);
         }
-        let (token, expires_at) = self.mint(owner, repo, perm).await?;
-        let refresh_at = expires_at.checked_sub(self.refresh_before).unwrap_or(SystemTime::UNIX_EPOCH);
+        self.take_mint(sandbox)?;
+        let (token, refresh_at) = match self.mint(owner, repo, perm).await {
+            Ok((token, expires_at)) => {
+                (Ok(token), expires_at.checked_sub(self.refresh_before).unwrap_or(SystemTime::UNIX_EPOCH))
+            }
+            Err(CredError::App(why)) => (Err(why), SystemTime::now() + FAILED_FOR),
+            Err(e) => return Err(e),
+        };
         *cached = Some(Cached { token: token.clone(), refresh_at });
-        Ok(token)
+        token.map_err(CredError::App)
+    }
+
+    /// Takes one of `sandbox`'s mints, or says when the next is due.
+    fn take_mint(&self, sandbox: &str) -> Result<(), CredError> {
+        if self.mints_per_minute == 0 {
+            return Ok(());
+        }
+        let burst = f64::from(self.mints_per_minute);
+        let per_sec = burst / 60.0;
+        let now = std::time::Instant::now();
+        let mut buckets = self.buckets.lock().map_err(|_| CredError::App("lock".into()))?;
+        let b = buckets.entry(sandbox.to_string()).or_insert(Bucket { tokens: burst, at: now });
+        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * per_sec).min(burst);
+        b.at = now;
+        if b.tokens < 1.0 {
+            let wait = ((1.0 - b.tokens) / per_sec).ceil() as u64;
+            return Err(CredError::TooManyMints(wait.max(1)));
+        }
+        b.tokens -= 1.0;
+        Ok(())
     }
 
     fn app_jwt(&self) -> Result<String, CredError> {

@@ -146,6 +146,12 @@ async fn route_git(
     let Some(body) = body.take() else {
         return finish(&mut rec, DenyReason::BadRequest, None, "the request's body is gone", entry);
     };
+    // A server that ignores a GET's body would read it as a request of its own, sent
+    // with the gateway's GitHub credential and judged by no rule.
+    if git.op == Op::InfoRefs && !http_body::Body::is_end_stream(&body) {
+        let hint = "a GET or HEAD request with a body is not sent on: upstreams disagree on its framing";
+        return finish(&mut rec, DenyReason::BadRequest, None, hint, entry);
+    }
     let bytes_up = Arc::new(AtomicU64::new(0));
     let mut refs: Vec<Subject> = Vec::new();
     let body: ProxyBody = if push {
@@ -196,8 +202,12 @@ async fn route_git(
     }
 
     let perm = if write { Permission::Write } else { Permission::Read };
-    let token = match route.credentials.token(&git.owner, &git.repo, perm).await {
+    let token = match route.credentials.token(&identity.sandbox, &git.owner, &git.repo, perm).await {
         Ok(t) => t,
+        Err(e @ super::credentials::CredError::TooManyMints(_)) => {
+            let hint = format!("{e} (github.sandbox_mints_per_minute)");
+            return finish(&mut rec, DenyReason::LimitExceeded, None, &hint, entry);
+        }
         Err(e) => {
             tracing::warn!(error = %super::credentials::redact(&e.to_string()), "no GitHub credential for a git request");
             return finish(

@@ -118,6 +118,10 @@ pub fn hint(policy: &Policy, reason: DenyReason, subject: &Subject, decision: &D
             Some(_) if !policy.route_allows_method(route, method) => {
                 format!("method {method} is not allowed on route {route}")
             }
+            Some(_) if let Some(named) = policy.route_refused_query_method(route, method, path) => format!(
+                "the query field _method={named} asks the API to run this {method} as {named}, which route \
+                 {route} does not allow"
+            ),
             Some(_) => match path_only(path) {
                 "" => format!("an empty path is not allowed on route {route}"),
                 p => format!("path {p} is not allowed on route {route}"),

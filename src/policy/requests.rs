@@ -213,7 +213,7 @@ fn same_name(a: &str, b: &str) -> bool {
 
 /// The letters whose Unicode case folding is ASCII (Java's and .NET's case-insensitive
 /// comparisons take `ſ` for `s`, `ı` for `i`, the Kelvin sign for `k`), folded.
-fn fold_lookalikes(path: &str) -> String {
+pub(super) fn fold_lookalikes(path: &str) -> String {
     path.chars()
         // Invisible (Unicode's default-ignorable code points): soft hyphen, combining
         // grapheme joiner, zero-width and direction marks, word joiner and invisible

@@ -18,6 +18,16 @@ impl RouteRule {
         self.methods.is_empty() || self.methods.iter().any(|m| m == method)
     }
 
+    /// A method a `_method` field of `path`'s query names (Rails, Laravel and Symfony
+    /// run a POST so named as that method) which this route does not allow.
+    pub fn refused_query_method(&self, method: &str, path: &str) -> Option<String> {
+        let query = path.split_once('?').map(|(_, q)| q);
+        super::requests::query_pairs(query)
+            .filter(|(k, _)| super::requests::is_method_name(k.as_bytes()))
+            .map(|(_, m)| super::requests::named_method(&m))
+            .find(|named| !named.eq_ignore_ascii_case(method) && !self.allows_method(named))
+    }
+
     /// `path` is the request path without its query.
     pub fn allows_path(&self, path: &str) -> bool {
         self.paths.is_empty()
@@ -30,17 +40,19 @@ impl RouteRule {
 }
 
 /// A path that climbs out of its prefix, or could once an upstream decodes it (once
-/// or more): `..`, `//` or `\\` as written or after percent-decoding, and encodings
-/// that decode to invalid UTF-8 (overlong dots such as `%c0%ae`). Never allowed,
-/// whatever the route's paths say.
+/// or more): `..`, `//`, `\\` or a `.` segment as written or after percent-decoding,
+/// after IIS's `%uXXXX` decoding, or once fullwidth forms are read as ASCII (NFKC makes
+/// `．．` `..`); and encodings that decode to invalid UTF-8 (overlong dots such as
+/// `%c0%ae`). Never allowed, whatever the route's paths say.
 pub fn is_traversal(path: &str) -> bool {
     let mut current = path.as_bytes().to_vec();
     for _ in 0..4 {
-        if contains(&current, b"..") || contains(&current, b"//") || current.contains(&b'\\') {
+        if climbs(&current) || has_u_escape(&current) {
             return true;
         }
         let decoded = super::requests::percent_decode(&current, false);
-        if std::str::from_utf8(&decoded).is_err() {
+        let Ok(text) = std::str::from_utf8(&decoded) else { return true };
+        if climbs(super::requests::fold_lookalikes(text).as_bytes()) {
             return true;
         }
         if decoded == current {
@@ -50,6 +62,20 @@ pub fn is_traversal(path: &str) -> bool {
     }
     // Encoded four times over: no honest client sends that.
     true
+}
+
+/// `..`, `//`, `\\`, or a segment that is `.` alone.
+fn climbs(path: &[u8]) -> bool {
+    contains(path, b"..")
+        || contains(path, b"//")
+        || path.contains(&b'\\')
+        || path.split(|&b| b == b'/').any(|s| s == b".")
+}
+
+/// IIS reads `%u002e` as `.`: `%u` and four hex digits.
+fn has_u_escape(path: &[u8]) -> bool {
+    path.windows(6)
+        .any(|w| w[0] == b'%' && w[1].eq_ignore_ascii_case(&b'u') && w[2..].iter().all(u8::is_ascii_hexdigit))
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

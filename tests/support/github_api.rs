@@ -151,6 +151,10 @@ async fn route(req: Request<Incoming>, ctx: &Ctx) -> Response<Full<Bytes>> {
     if method == "POST" && path == "/app/installations/42/access_tokens" {
         let n = ctx.mints.fetch_add(1, Ordering::SeqCst) + 1;
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        // A repository the installation cannot reach (GitHub says 422).
+        if v["repositories"][0].as_str().is_some_and(|r| r.contains("missing")) {
+            return reply(422, serde_json::json!({"message": "There is at least one repository that does not exist"}));
+        }
         ctx.requests.lock().unwrap().push(v);
         let expires = std::time::SystemTime::now() + std::time::Duration::from_secs(ctx.token_ttl_secs);
         return reply(

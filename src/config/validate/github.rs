@@ -16,6 +16,8 @@ pub struct GithubConfig {
     pub token_files: HashMap<String, PathBuf>,
     pub refresh_before: Duration,
     pub idle_timeout: Duration,
+    /// App tokens one sandbox may cause to be minted per minute (0: any number).
+    pub sandbox_mints_per_minute: u32,
 }
 
 pub(super) fn validate_github(
@@ -94,6 +96,7 @@ pub(super) fn validate_github(
         token_files,
         refresh_before: g.refresh_before,
         idle_timeout: g.idle_timeout,
+        sandbox_mints_per_minute: g.sandbox_mints_per_minute,
     })
 }
 
