@@ -299,6 +299,11 @@ fn one_address_cannot_starve_others_before_authenticating() {
     assert_eq!(&statuses[..5], &[407; 5], "{statuses:?}");
     assert!(statuses[5..].iter().all(|&s| s == 429), "{statuses:?}");
     assert_eq!(kept_get(), 200, "a connection that proved its credentials is not shut out by another's failures");
+    // Nor is a new connection that presents a value some request proved lately; a
+    // guess still is.
+    let served = attempt(TOKEN_A);
+    assert_eq!(status(&served), 200, "a proved value on a new connection: {served}");
+    assert_eq!(status(&attempt("wrong-9")), 429);
     let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &url]);
     assert_eq!(out.status, 200, "other addresses keep their budget: {out:?}");
     drop(idle);

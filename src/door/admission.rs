@@ -3,7 +3,10 @@
 //! without having authenticated (so idle sockets from one address cannot take all of
 //! `proxy.max_connections`), and at most `proxy.auth_failures_per_second` failed
 //! authentications per address (beyond that the credential is not even checked:
-//! `429 limit_exceeded` with `Retry-After`). Once authorized, a connection counts for
+//! `429 limit_exceeded` with `Retry-After`), except for a value some request proved
+//! in the last [`PROVEN_FOR_SECS`] seconds: a sandbox already in is still let in when a
+//! neighbour behind the same address (a NAT, one node) keeps failing, and a guess is
+//! never such a value. Once authorized, a connection counts for
 //! its sandbox: at most `proxy.sandbox_max_connections` each, so one sandbox's idle
 //! keep-alive connections cannot take all of `proxy.max_connections` either.
 
@@ -16,6 +19,13 @@ use std::time::Instant;
 /// Most addresses remembered for their failures; past this, addresses with nothing
 /// pending and a full bucket are forgotten first.
 const MAX_TRACKED: usize = 65_536;
+
+/// How long a proved credential value is still checked past its address's failure
+/// budget.
+pub const PROVEN_FOR_SECS: u64 = 600;
+
+/// Most proved values remembered; past this, older ones are forgotten first.
+const MAX_PROVEN: usize = 16_384;
 
 struct Client {
     pending: usize,
@@ -32,6 +42,10 @@ pub struct Admission {
     /// Connections one sandbox may hold once authorized (0: no cap).
     max_per_sandbox: usize,
     sandboxes: Mutex<HashMap<Arc<str>, usize>>,
+    /// Credential values (`Proxy-Authorization` bytes) proved recently, and when (in
+    /// seconds). Whether one is here decides only whether it is checked: the check
+    /// itself still decides.
+    proven: Mutex<HashMap<Box<[u8]>, u64>>,
 }
 
 /// A connection that has not authenticated yet; counts against its address until it
@@ -104,6 +118,7 @@ impl Admission {
             clients: Mutex::default(),
             max_per_sandbox,
             sandboxes: Mutex::default(),
+            proven: Mutex::default(),
         }
     }
 
@@ -191,6 +206,38 @@ impl Admission {
             }
             None => true,
         }
+    }
+
+    /// True when `ip` may have `value` checked: its failure budget is not spent, or a
+    /// request proved `value` in the last [`PROVEN_FOR_SECS`] seconds (`now`, in
+    /// seconds).
+    pub fn may_try_value(&self, ip: IpAddr, value: Option<&[u8]>, now: u64) -> bool {
+        self.may_try(ip) || value.is_some_and(|v| self.proven_lately(v, now))
+    }
+
+    fn proven_lately(&self, value: &[u8], now: u64) -> bool {
+        let proven = self.proven.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        proven.get(value).is_some_and(|at| now.saturating_sub(*at) < PROVEN_FOR_SECS)
+    }
+
+    /// Notes that a request proved `value` at `now` (seconds). Costs no allocation
+    /// when the value is known (a sandbox presents the same one on each connection).
+    pub fn proved(&self, value: &[u8], now: u64) {
+        if self.failures_per_second == 0.0 {
+            return;
+        }
+        let mut proven = self.proven.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = proven.get_mut(value) {
+            *at = now;
+            return;
+        }
+        if proven.len() >= MAX_PROVEN {
+            proven.retain(|_, at| now.saturating_sub(*at) < PROVEN_FOR_SECS);
+            if proven.len() >= MAX_PROVEN {
+                proven.clear();
+            }
+        }
+        proven.insert(value.into(), now);
     }
 
     /// Spends one failed authentication from `ip`'s budget.

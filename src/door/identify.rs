@@ -85,7 +85,8 @@ fn pair(s: &str) -> Result<Credentials, AuthError> {
 }
 
 /// Authenticates a request under its client address's budget of failures (over it,
-/// the credential is not checked at all: `limit_exceeded`), and holds the identity to
+/// only a value some request proved lately is checked; any other is `limit_exceeded`
+/// unchecked), and holds the identity to
 /// the connection: a sandbox bound to VPC endpoints must come through one of them, and
 /// with mutual TLS the client certificate's CN (when required to) must be the sandbox.
 /// A failure other than no credentials at all spends budget.
@@ -107,7 +108,8 @@ pub fn identify(door: &Door, state: &State, conn: &ConnInfo, presented: Presente
     {
         return Ok(identity);
     }
-    if !door.admission.may_try(ip) {
+    // Past the address's failure budget, only a value proved lately is checked.
+    if !door.admission.may_try_value(ip, presented.proxy_authorization, now) {
         return Err(AuthError::TooManyFailures);
     }
     let result = presented
@@ -118,6 +120,9 @@ pub fn identify(door: &Door, state: &State, conn: &ConnInfo, presented: Presente
         Ok(identity) => {
             if let Some((memo, value)) = memo {
                 memo.remember(value, state.generation, identity);
+            }
+            if let Some(value) = presented.proxy_authorization {
+                door.admission.proved(value, now);
             }
         }
         Err(AuthError::Missing) => {}

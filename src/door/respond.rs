@@ -42,10 +42,24 @@ pub fn status_for(reason: DenyReason) -> StatusCode {
     }
 }
 
-/// The JSON body of a denial.
+/// The JSON body of a denial. `error` says it all in one line (the message, the
+/// target, the code and the hint): clients that show one field of a JSON error body
+/// (npm's family, yarn) show `error`.
 pub fn body_json(reason: DenyReason, d: &Denial<'_>) -> String {
+    let mut error = reason.message().to_string();
+    if let Some(target) = d.target.filter(|t| !t.is_empty()) {
+        error.push_str(": ");
+        error.push_str(target);
+    }
+    error.push_str(" (");
+    error.push_str(reason.code());
+    error.push(')');
+    if let Some(hint) = d.hint.as_deref().filter(|h| !h.is_empty()) {
+        error.push_str("; ");
+        error.push_str(hint);
+    }
     serde_json::json!({
-        "error": reason.message(),
+        "error": error,
         "reason": reason.code(),
         "target": d.target,
         "sandbox": d.sandbox,
@@ -276,6 +290,17 @@ mod tests {
             assert_eq!(v["reason"], r.code());
         }
         assert_eq!(deny(DenyReason::AuthRequired, &Denial::default()).headers()[PROXY_AUTHENTICATE], REALM);
+    }
+
+    #[test]
+    fn the_error_field_says_it_all_for_clients_that_show_only_it() {
+        let d = Denial { target: Some("nope.test:443"), hint: Some("add it".into()), ..Denial::default() };
+        let v: serde_json::Value = serde_json::from_str(&body_json(DenyReason::HostNotAllowed, &d)).unwrap();
+        let message = DenyReason::HostNotAllowed.message();
+        assert_eq!(v["error"], format!("{message}: nope.test:443 (host_not_allowed); add it"));
+        let v: serde_json::Value =
+            serde_json::from_str(&body_json(DenyReason::BadRequest, &Denial::default())).unwrap();
+        assert_eq!(v["error"], format!("{} (bad_request)", DenyReason::BadRequest.message()));
     }
 
     #[tokio::test]
