@@ -368,14 +368,18 @@ async fn decide_and_send(
     // A peer's connection is never kept: a reload may move the peer, and a kept
     // connection would still lead to its old address (another sandbox's, perhaps).
     let peer = crate::policy::peer_id(&target, &door.config.egress.peer_suffix).is_some();
-    if !wants_upgrade && peer {
+    // To an inspected host, a request with a body closes its upstream connection: an
+    // upstream that ignored the body would read it as the start of a request no rule
+    // judged, finished by the next request on the connection.
+    let once = peer || inspected && !http_body::Body::is_end_stream(up_req.body());
+    if !wants_upgrade && once {
         let close = if up_req.headers().contains_key(header::TE) { "te, close" } else { "close" };
         up_req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static(close));
     }
 
     let timeout = door.config.proxy.response_header_timeout;
     let ended = conn.watch.as_ref().map(|w| w.end());
-    let sent = Box::pin(exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !peer, ended));
+    let sent = Box::pin(exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !once, ended));
     let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, sent)).await;
     // What went up before an upstream failure or a sweep ended the exchange.
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);

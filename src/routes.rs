@@ -182,6 +182,13 @@ async fn route(
         copy_headers(&parts.headers, h, route);
         // Responses are redacted byte by byte: ask for them unencoded.
         h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        // An upstream that ignores this request's body (a handler that never reads
+        // it, a method it takes as bodiless) would read the body as the start of a
+        // request, finished by the next request on the connection, with the key:
+        // after a body, the connection is not used again.
+        if has_body {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Ok(mut v) = HeaderValue::from_str(&format!("{}{}", route.prefix, secret.expose())) {
             v.set_sensitive(true);
             h.insert(route.header.clone(), v);

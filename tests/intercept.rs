@@ -337,6 +337,23 @@ fn sandboxes_never_share_an_upstream_connection() {
     assert_ne!(peers[2], peers[0], "sbx-a2 got sbx-a's connection: {peers:?}");
     assert_eq!(peers[3], peers[0], "sbx-a's connection stayed its own: {peers:?}");
 
+    // After a request with a body the connection is not used again: an upstream that
+    // ignored the body would read it as the start of the next request.
+    for extra in [&["-d", "a=1"][..], &[]] {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "20", "--cacert", w.gw_ca.to_str().unwrap()])
+            .args(["-x", &w.gw.proxy_url("sbx-a", TOKEN_A), "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(extra)
+            .arg(url("/echo"))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let recorded = w.origin.recorded();
+    let (post, get) = (&recorded[4], &recorded[5]);
+    assert_eq!((post.method.as_str(), post.peer), ("POST", peers[0]), "a POST takes the kept connection");
+    assert_ne!(get.peer, post.peer, "the connection that carried a body was used again");
+
     // A reload (which may move a peer, or give a sandbox id to someone else) drops
     // every pooled connection.
     w.gw.signal("HUP");

@@ -576,4 +576,16 @@ fn a_route_judges_get_bodies_method_fields_expect_and_decoded_paths() {
     }
     let methods: Vec<String> = w.api.recorded().iter().map(|r| format!("{} {}", r.method, r.uri)).collect();
     assert_eq!(methods, ["POST /echo?_method=GET", "POST /echo"], "only the allowed requests reached the API");
+
+    // After a request with a body the upstream connection is not used again (an API
+    // that ignored the body would read it as the start of the next request, with the
+    // key); between bodiless requests it is.
+    let bodiless = || send("GET /routes/api/echo", "");
+    for resp in [bodiless(), bodiless(), send("POST /routes/api/echo", "a=1"), bodiless()] {
+        assert_eq!(status(&resp), 200, "{resp}");
+    }
+    let peers: Vec<_> = w.api.recorded().iter().skip(2).map(|r| r.peer).collect();
+    assert_eq!(peers[0], peers[1], "bodiless requests share a connection");
+    assert_eq!(peers[1], peers[2], "a request with a body may take a kept connection");
+    assert_ne!(peers[2], peers[3], "the connection that carried a body is not used again");
 }

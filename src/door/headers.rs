@@ -210,8 +210,14 @@ pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: 
 /// upstream could otherwise read as the gateway's word.
 pub fn strip_client_request(h: &mut HeaderMap, keep_upgrade: bool) {
     strip_hop_by_hop(h, keep_upgrade);
-    strip_gateway_fields(h);
-    strip_credential_lookalikes(h);
+    // One pass finds whether any is here (almost never).
+    let never = |name: &[u8]| is_gateway_only(name) || is_credential_lookalike(name);
+    if h.keys().any(|k| never(k.as_str().as_bytes())) {
+        let found: Vec<HeaderName> = h.keys().filter(|k| never(k.as_str().as_bytes())).cloned().collect();
+        for name in found {
+            h.remove(name);
+        }
+    }
 }
 
 /// Spellings of `Proxy-Authorization` that are not it, and so are not hop-by-hop to
@@ -222,17 +228,6 @@ const CREDENTIAL_LOOKALIKES: [&str; 2] = ["proxy-authorization", "x-proxy-author
 
 fn is_credential_lookalike(name: &[u8]) -> bool {
     CREDENTIAL_LOOKALIKES.iter().any(|c| same_field(c.as_bytes(), name))
-}
-
-/// Removes [`CREDENTIAL_LOOKALIKES`] from a request head.
-fn strip_credential_lookalikes(h: &mut HeaderMap) {
-    if h.keys().any(|k| is_credential_lookalike(k.as_str().as_bytes())) {
-        let found: Vec<HeaderName> =
-            h.keys().filter(|k| is_credential_lookalike(k.as_str().as_bytes())).cloned().collect();
-        for name in found {
-            h.remove(name);
-        }
-    }
 }
 
 /// Whether `name` is one the client's `Connection` nominates as hop-by-hop, one only

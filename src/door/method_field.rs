@@ -158,6 +158,12 @@ pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl 
     if fields.is_none() && !json {
         return Plan::Pass;
     }
+    if fields.is_some() && !charsets(&lower).all(ascii_compatible) {
+        return Plan::Refuse(format!(
+            "the rules refuse {refused} here, and a form in a charset that is not ASCII-compatible cannot be read for \
+             a _method field that would make it one; send it as UTF-8"
+        ));
+    }
     if json && names_another_utf(&lower) {
         return Plan::Refuse(format!(
             "the rules refuse {refused} here, and a JSON POST body in a charset other than UTF-8 cannot be read for a \
@@ -208,6 +214,41 @@ fn names_another_utf(content_type: &[u8]) -> bool {
     false
 }
 
+/// Every `charset` a (lower-cased) `Content-Type` names, quoted or not, first or last.
+fn charsets(content_type: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = content_type;
+    std::iter::from_fn(move || {
+        loop {
+            let at = find(rest, b"charset")?;
+            rest = &rest[at + 7..];
+            let Some(value) = rest.trim_ascii_start().strip_prefix(b"=") else { continue };
+            let value = value.trim_ascii_start();
+            let value = value.strip_prefix(b"\"").unwrap_or(value);
+            let end = value.iter().position(|&b| matches!(b, b';' | b',' | b'"' | b' ' | b'\t')).unwrap_or(value.len());
+            return Some(&value[..end]);
+        }
+    })
+}
+
+/// Whether a (lower-case) charset name reads ASCII bytes as ASCII, so that a name or
+/// value read as bytes here is what a server decoding the charset reads; empty (none
+/// named) is.
+fn ascii_compatible(charset: &[u8]) -> bool {
+    let known: [&[u8]; 10] = [
+        b"",
+        b"utf-8",
+        b"utf8",
+        b"us-ascii",
+        b"ascii",
+        b"iso-8859-1",
+        b"latin1",
+        b"iso-8859-15",
+        b"windows-1252",
+        b"cp1252",
+    ];
+    known.contains(&charset)
+}
+
 /// `body` watched for `_method` fields of `form`; why one was refused goes in `refused`.
 pub fn watch<B>(body: B, form: Form, judge: Judge, refused: Arc<OnceLock<String>>) -> Watched<B> {
     Rewritten::new(body, MethodFields::new(form, judge, refused))
@@ -219,6 +260,9 @@ enum Pair {
     Key(Vec<u8>),
     /// In the value of a `_method` key: its raw bytes so far (bounded).
     Method(Vec<u8>),
+    /// In a key already read as `_method` (a name cut at a NUL or `[`, as PHP and
+    /// Rack cut it), too long to keep.
+    Named,
     /// In another key's value, or a key too long to be `_method`.
     Other,
 }
@@ -232,6 +276,8 @@ impl Default for Pair {
 /// Where a multipart body is, by lines.
 #[derive(Default)]
 struct Lines {
+    /// Between a boundary (`--`) line and the blank line after it: a part's headers.
+    in_headers: bool,
     /// The current line so far (bounded).
     line: Vec<u8>,
     /// The current line is longer than its bound.
@@ -298,6 +344,7 @@ impl MethodFields {
             (Some(b'='), Pair::Key(key)) => {
                 self.pair = if is_method_name(&decode(key)) { Pair::Method(Vec::new()) } else { Pair::Other };
             }
+            (Some(b'='), Pair::Named) => self.pair = Pair::Method(Vec::new()),
             (Some(b), Pair::Method(v)) => {
                 if v.len() <= VALUE_MAX * 3 {
                     v.push(b);
@@ -312,10 +359,12 @@ impl MethodFields {
                 if padding && !open_escape {
                     key.clear();
                 } else if key.len() > 64 {
-                    self.pair = Pair::Other;
+                    // What comes after a name the frameworks cut (`_method%00AAAA...`)
+                    // does not count: decided by what was read.
+                    self.pair = if is_method_name(&decode(key)) { Pair::Named } else { Pair::Other };
                 }
             }
-            (Some(_), Pair::Other) => {}
+            (Some(_), Pair::Other | Pair::Named) => {}
         }
         Ok(())
     }
@@ -336,13 +385,18 @@ impl MethodFields {
         }
         if line.is_empty() {
             self.lines.value = self.lines.named && !last;
+            self.lines.in_headers = false;
             return Ok(());
         }
         if line.starts_with(b"--") {
             self.lines.named = false;
+            self.lines.in_headers = true;
+            return Ok(());
         }
         if long {
-            if self.lines.named {
+            // A part's header line is short; one too long to read could name
+            // `_method` past what was read.
+            if self.lines.named || self.lines.in_headers {
                 return Err(self.refuse("a multipart line too long to read for a _method name".into()));
             }
             return Ok(());
@@ -360,8 +414,21 @@ impl MethodFields {
             let key = key.rsplit(|&b| b == b' ' || b == b':').next().unwrap_or(key);
             if key == b"name" || key == b"name*" {
                 // RFC 2231: `name*=utf-8''_method`, percent-encoded.
-                let value = value.windows(2).rposition(|w| w == b"''").map_or(value, |at| &value[at + 2..]);
-                let decoded = crate::policy::requests::percent_decode(value.trim_ascii(), false);
+                let value = value.trim_ascii();
+                let (charset, value) = value
+                    .windows(2)
+                    .rposition(|w| w == b"''")
+                    .map_or((&b""[..], value), |at| (&value[..at], &value[at + 2..]));
+                // Names in another charset (RFC 2231's `utf-16le''`) or as RFC 2047
+                // encoded words (`=?utf-8?b?...?=`), which Tomcat decodes, cannot be read
+                // here.
+                if !ascii_compatible(charset.split(|&b| b == b'\'').next().unwrap_or_default())
+                    || find(value, b"=?").is_some()
+                {
+                    return Err(self
+                        .refuse("a multipart part name in an encoding that cannot be read for a _method name".into()));
+                }
+                let decoded = crate::policy::requests::percent_decode(value, false);
                 self.lines.named |= is_method_name(&decoded);
             }
         }
@@ -526,6 +593,9 @@ mod tests {
         ] {
             passed_wherever_cut(Form::URLENCODED, input);
         }
+        // A name cut at a NUL, however much follows it (PHP cuts it there).
+        let padded = [b"_method%00".as_slice(), &[b'A'; 100], b"=DELETE"].concat();
+        refused_wherever_cut(Form::URLENCODED, &padded);
         // A long value of another field passes.
         let long = [b"k=".as_slice(), &[b'v'; 10_000]].concat();
         let (seen, got) = watch(Form::URLENCODED, &long, &[100, 5000]);
@@ -567,6 +637,28 @@ mod tests {
         passed_wherever_cut(Form::MULTIPART, html);
         let put = b"--b\r\nContent-Disposition: form-data; name=_method\r\n\r\nPUT\r\n--b--\r\n";
         passed_wherever_cut(Form::MULTIPART, put);
+        // Names that cannot be read here: in UTF-16 (RFC 2231), as encoded words (RFC
+        // 2047, which Tomcat decodes), or on a part header line too long to read.
+        for input in [
+            &b"--b\r\nContent-Disposition: form-data; name*=UTF-16LE''%5F%00m%00e%00t%00h%00o%00d%00\r\n\r\nDELETE\r\n--b--\r\n"[..],
+            b"--b\r\nContent-Disposition: form-data; name=\"=?UTF-8?B?X21ldGhvZA==?=\"\r\n\r\nDELETE\r\n--b--\r\n",
+        ] {
+            let (_, got) = watch(Form::MULTIPART, input, &[]);
+            assert!(got.is_err(), "{}", String::from_utf8_lossy(input));
+        }
+        let long_head = [
+            b"--b\r\nContent-Disposition: form-data; x=\"".as_slice(),
+            &[b'A'; 9000],
+            b"\"; name=\"_method\"\r\n\r\nDELETE\r\n--b--\r\n",
+        ]
+        .concat();
+        let (_, got) = watch(Form::MULTIPART, &long_head, &[]);
+        assert!(got.is_err());
+        // A long line in a part's body is no part header.
+        let long_file =
+            [b"--b\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\n".as_slice(), &[b'A'; 9000], b"\r\n--b--\r\n"]
+                .concat();
+        passed_wherever_cut(Form::MULTIPART, &long_file);
     }
 
     #[test]
@@ -630,6 +722,14 @@ mod tests {
         // A form whose type names `/json` is read both ways (Laravel reads it as JSON).
         let both = h(&[("content-type", "application/x-www-form-urlencoded; profile=/json")]);
         assert_eq!(form(plan(&post, &both, true, no_delete)), Some(Form { json: true, ..Form::URLENCODED }));
+        // A form in a charset that is not ASCII-compatible (Tomcat decodes it).
+        for ct in
+            ["application/x-www-form-urlencoded; charset=utf-16le", "multipart/form-data; boundary=b; charset=ibm037"]
+        {
+            assert!(matches!(plan(&post, &h(&[("content-type", ct)]), true, no_delete), Plan::Refuse(_)), "{ct}");
+        }
+        let latin = h(&[("content-type", "application/x-www-form-urlencoded; charset=ISO-8859-1")]);
+        assert_eq!(form(plan(&post, &latin, true, no_delete)), Some(Form::URLENCODED));
         for ct in ["application/json; charset=utf-16", "application/json; Charset = \"UTF-32BE\""] {
             assert!(matches!(plan(&post, &h(&[("content-type", ct)]), true, no_delete), Plan::Refuse(_)), "{ct}");
         }

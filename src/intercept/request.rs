@@ -335,6 +335,15 @@ pub async fn handle(
     if !h2 && let Ok(h) = HeaderValue::from_str(&shown) {
         up.headers_mut().insert(header::HOST, h);
     }
+    // An HTTP/1.1 upstream that ignores this request's body (a handler that never
+    // reads it) would read the body as the start of a request no rule judged, finished
+    // by the sandbox's next request on the connection (its swapped secrets included):
+    // after a body, the connection is not used again. (A client's HTTP/2 request may
+    // go to an upstream that speaks only HTTP/1.1; to an HTTP/2 upstream, hyper drops
+    // the field.)
+    if has_body && !wants_upgrade {
+        up.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     let version = if h2 { crate::https_client::Version::Http2 } else { crate::https_client::Version::Http1 };
 
     let timeout = door.config.proxy.response_header_timeout;

@@ -41,8 +41,8 @@ impl RouteRule {
 
 /// A path that climbs out of its prefix, or could once an upstream decodes it (once
 /// or more): `..`, `//`, `\\` or a `.` segment as written or after percent-decoding,
-/// after IIS's `%uXXXX` decoding, or once fullwidth forms are read as ASCII (NFKC makes
-/// `．．` `..`); and encodings that decode to invalid UTF-8 (overlong dots such as
+/// after IIS's `%uXXXX` decoding, or once read through NFKC (which makes `．．`, `‥`
+/// and `﹒﹒` `..`); and encodings that decode to invalid UTF-8 (overlong dots such as
 /// `%c0%ae`). Never allowed, whatever the route's paths say.
 pub fn is_traversal(path: &str) -> bool {
     let mut current = path.as_bytes().to_vec();
@@ -52,7 +52,7 @@ pub fn is_traversal(path: &str) -> bool {
         }
         let decoded = super::requests::percent_decode(&current, false);
         let Ok(text) = std::str::from_utf8(&decoded) else { return true };
-        if climbs(super::requests::fold_lookalikes(text).as_bytes()) {
+        if !text.is_ascii() && climbs(nfkc(text).as_bytes()) {
             return true;
         }
         if decoded == current {
@@ -62,6 +62,14 @@ pub fn is_traversal(path: &str) -> bool {
     }
     // Encoded four times over: no honest client sends that.
     true
+}
+
+/// `text` as an upstream that applies Unicode's compatibility normalisation (NFKC)
+/// reads it, with the letters whose case folding is ASCII folded too: `‥` (U+2025) is
+/// `..`, `﹒` (U+FE52) `.`, `＼` `\\`.
+fn nfkc(text: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    super::requests::fold_lookalikes(&text.nfkc().collect::<String>())
 }
 
 /// `..`, `//`, `\\`, or a segment that is `.` alone.
