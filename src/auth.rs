@@ -58,6 +58,11 @@ impl Credentials {
         std::str::from_utf8(&self.pair).unwrap_or_default()
     }
 
+    /// The decoded `id:token`, as one value.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.pair
+    }
+
     pub fn user(&self) -> &str {
         self.text().get(..self.colon).unwrap_or_default()
     }

@@ -304,6 +304,15 @@ fn one_address_cannot_starve_others_before_authenticating() {
     let served = attempt(TOKEN_A);
     assert_eq!(status(&served), 200, "a proved value on a new connection: {served}");
     assert_eq!(status(&attempt("wrong-9")), 429);
+    // Another spelling of the same credentials (the scheme's case, spaces) is the same
+    // proved value: spellings cannot crowd out the ones proved.
+    let respelt = basic("sbx-a", TOKEN_A).replacen("Basic ", "bAsIc    ", 1);
+    let mut s = raw::connect_from([127, 0, 0, 4], gw.addr).unwrap();
+    s.write_all(
+        format!("GET {url} HTTP/1.1\r\nProxy-Authorization: {respelt}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(status(&raw::read_all(&mut s)), 200);
     let out = curl(&["-x", &gw.proxy_url("sbx-a", TOKEN_A), &url]);
     assert_eq!(out.status, 200, "other addresses keep their budget: {out:?}");
     drop(idle);

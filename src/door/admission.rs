@@ -3,14 +3,15 @@
 //! without having authenticated (so idle sockets from one address cannot take all of
 //! `proxy.max_connections`), and at most `proxy.auth_failures_per_second` failed
 //! authentications per address (beyond that the credential is not even checked:
-//! `429 limit_exceeded` with `Retry-After`), except for a value some request proved
+//! `429 limit_exceeded` with `Retry-After`), except for credentials some request proved
 //! in the last [`PROVEN_FOR_SECS`] seconds: a sandbox already in is still let in when a
 //! neighbour behind the same address (a NAT, one node) keeps failing, and a guess is
-//! never such a value. Once authorized, a connection counts for
+//! never such credentials. Once authorized, a connection counts for
 //! its sandbox: at most `proxy.sandbox_max_connections` each, so one sandbox's idle
 //! keep-alive connections cannot take all of `proxy.max_connections` either.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +25,8 @@ const MAX_TRACKED: usize = 65_536;
 /// budget.
 pub const PROVEN_FOR_SECS: u64 = 600;
 
-/// Most proved values remembered; past this, older ones are forgotten first.
+/// Most proved credentials remembered; past this, expired ones are forgotten, and new
+/// ones are not remembered while none has expired.
 const MAX_PROVEN: usize = 16_384;
 
 struct Client {
@@ -42,10 +44,11 @@ pub struct Admission {
     /// Connections one sandbox may hold once authorized (0: no cap).
     max_per_sandbox: usize,
     sandboxes: Mutex<HashMap<Arc<str>, usize>>,
-    /// Credential values (`Proxy-Authorization` bytes) proved recently, and when (in
-    /// seconds). Whether one is here decides only whether it is checked: the check
-    /// itself still decides.
-    proven: Mutex<HashMap<Box<[u8]>, u64>>,
+    /// Credentials (a keyed hash of the decoded `id:token`, so that the spellings of
+    /// one value are one entry) proved recently, and when (in seconds). Whether one is
+    /// here decides only whether it is checked: the check itself still decides.
+    proven: Mutex<HashMap<u64, u64>>,
+    proven_key: std::collections::hash_map::RandomState,
 }
 
 /// A connection that has not authenticated yet; counts against its address until it
@@ -119,6 +122,7 @@ impl Admission {
             max_per_sandbox,
             sandboxes: Mutex::default(),
             proven: Mutex::default(),
+            proven_key: std::collections::hash_map::RandomState::new(),
         }
     }
 
@@ -208,36 +212,38 @@ impl Admission {
         }
     }
 
-    /// True when `ip` may have `value` checked: its failure budget is not spent, or a
-    /// request proved `value` in the last [`PROVEN_FOR_SECS`] seconds (`now`, in
-    /// seconds).
-    pub fn may_try_value(&self, ip: IpAddr, value: Option<&[u8]>, now: u64) -> bool {
-        self.may_try(ip) || value.is_some_and(|v| self.proven_lately(v, now))
+    /// True when `ip` may have `credentials` (the decoded `id:token`) checked: its
+    /// failure budget is not spent, or a request proved them in the last
+    /// [`PROVEN_FOR_SECS`] seconds (`now`, in seconds).
+    pub fn may_try_credentials(&self, ip: IpAddr, credentials: Option<&[u8]>, now: u64) -> bool {
+        self.may_try(ip) || credentials.is_some_and(|c| self.proven_lately(c, now))
     }
 
-    fn proven_lately(&self, value: &[u8], now: u64) -> bool {
+    fn proven_lately(&self, credentials: &[u8], now: u64) -> bool {
+        let key = self.proven_key.hash_one(credentials);
         let proven = self.proven.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        proven.get(value).is_some_and(|at| now.saturating_sub(*at) < PROVEN_FOR_SECS)
+        proven.get(&key).is_some_and(|at| now.saturating_sub(*at) < PROVEN_FOR_SECS)
     }
 
-    /// Notes that a request proved `value` at `now` (seconds). Costs no allocation
-    /// when the value is known (a sandbox presents the same one on each connection).
-    pub fn proved(&self, value: &[u8], now: u64) {
+    /// Notes that a request proved `credentials` at `now` (seconds). Allocates nothing.
+    pub fn proved(&self, credentials: &[u8], now: u64) {
         if self.failures_per_second == 0.0 {
             return;
         }
+        let key = self.proven_key.hash_one(credentials);
         let mut proven = self.proven.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(at) = proven.get_mut(value) {
+        if let Some(at) = proven.get_mut(&key) {
             *at = now;
             return;
         }
         if proven.len() >= MAX_PROVEN {
             proven.retain(|_, at| now.saturating_sub(*at) < PROVEN_FOR_SECS);
+            // Full of credentials proved lately: those already in keep their place.
             if proven.len() >= MAX_PROVEN {
-                proven.clear();
+                return;
             }
         }
-        proven.insert(value.into(), now);
+        proven.insert(key, now);
     }
 
     /// Spends one failed authentication from `ip`'s budget.

@@ -52,6 +52,11 @@ pub fn unjudged_framing(method: &http::Method, h: &HeaderMap, has_body: bool) ->
     if is_upgrade(h) && !is_websocket_upgrade(h) {
         return Some("only WebSocket upgrades are relayed to an inspected host");
     }
+    // An upgrade keeps its connection for the upgraded protocol, or, answered without
+    // one, for the next request: a body an upstream ignored would begin that request.
+    if is_upgrade(h) && has_body {
+        return Some("an upgrade request with a body is not sent to an inspected host");
+    }
     if h.keys().any(|k| OVERRIDE_FIELDS.iter().any(|o| same_field(k.as_str().as_bytes(), o.as_bytes()))) {
         return Some(
             "a method or URL override field (X-HTTP-Method-Override, X-Original-URL...) is not sent to an \
@@ -377,6 +382,10 @@ mod tests {
             assert!(unjudged_framing(&method, &with(&fields), body).is_some(), "{method} {fields:?}");
         }
         assert!(unjudged_framing(&get, &with(&[("x-http-methods", "1")]), false).is_none());
+        // A WebSocket handshake goes; with a body it does not.
+        let ws = with(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
+        assert!(unjudged_framing(&get, &ws, false).is_none());
+        assert!(unjudged_framing(&http::Method::OPTIONS, &ws, true).is_some());
     }
 
     #[test]

@@ -108,21 +108,24 @@ pub fn identify(door: &Door, state: &State, conn: &ConnInfo, presented: Presente
     {
         return Ok(identity);
     }
-    // Past the address's failure budget, only a value proved lately is checked.
-    if !door.admission.may_try_value(ip, presented.proxy_authorization, now) {
+    let credentials = presented.credentials();
+    // Past the address's failure budget, only credentials proved lately are checked.
+    let pair = credentials.as_ref().ok().map(auth::Credentials::as_bytes);
+    if !door.admission.may_try_credentials(ip, pair, now) {
         return Err(AuthError::TooManyFailures);
     }
-    let result = presented
-        .credentials()
-        .and_then(|c| auth::authenticate(&state.policies, &state.tokens, &c, now))
+    let result = credentials
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|c| auth::authenticate(&state.policies, &state.tokens, c, now))
         .and_then(|identity| check_binding(&identity, conn).map(|()| identity));
     match &result {
         Ok(identity) => {
             if let Some((memo, value)) = memo {
                 memo.remember(value, state.generation, identity);
             }
-            if let Some(value) = presented.proxy_authorization {
-                door.admission.proved(value, now);
+            if let Some(pair) = pair {
+                door.admission.proved(pair, now);
             }
         }
         Err(AuthError::Missing) => {}

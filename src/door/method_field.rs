@@ -388,7 +388,9 @@ impl MethodFields {
             self.lines.in_headers = false;
             return Ok(());
         }
-        if line.starts_with(b"--") {
+        // A boundary begins a part's headers; a line beginning `--` inside them is a
+        // header line to the frameworks (`--x: y`), which leaves the part's name as it is.
+        if line.starts_with(b"--") && !self.lines.in_headers {
             self.lines.named = false;
             self.lines.in_headers = true;
             return Ok(());
@@ -623,6 +625,10 @@ mod tests {
             b"--b\r\nX-A: 1\rContent-Disposition: form-data; name=_method\r\n\r\nDELETE\r\n--b--\r\n",
             b"--b\r\nContent-Disposition: form-data;\r\nname=_method\r\n\r\nDELETE\r\n--b--\r\n",
             b"--b\r\nContent-Disposition: form-data\r\n; name=\"_method\"\r\n\r\nDELETE\r\n--b--\r\n",
+            // A line beginning `--` inside the part's headers, on its own or after a
+            // lone CR, is no boundary.
+            b"--b\r\nContent-Disposition: form-data; name=\"_method\"\r\n--x: y\r\n\r\nDELETE\r\n--b--\r\n",
+            b"--b\r\nContent-Disposition: form-data; name=\"_method\"\r\nX-A: z\r--\r\n\r\nDELETE\r\n--b--\r\n",
             // A bare LF blank line inside what Rack reads as the part's head.
             b"--b\r\nContent-Disposition: form-data; name=\"_method\"\r\n\nX-Pad: 1\r\n\r\nDELETE\r\n--b--\r\n",
             // Bare LF after the name, CRLF later: the value is the line after the

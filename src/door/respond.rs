@@ -58,14 +58,18 @@ pub fn body_json(reason: DenyReason, d: &Denial<'_>) -> String {
         error.push_str("; ");
         error.push_str(hint);
     }
+    // A hint may quote what the client sent (a `_method` value): clients print these
+    // fields to terminals and logs, where control characters would forge lines or
+    // escape sequences.
+    let printable = |s: &str| s.chars().map(|c| if c.is_control() { '?' } else { c }).collect::<String>();
     serde_json::json!({
-        "error": error,
+        "error": printable(&error),
         "reason": reason.code(),
         "target": d.target,
         "sandbox": d.sandbox,
         "policy": d.policy,
         "rule": d.rule,
-        "hint": d.hint,
+        "hint": d.hint.as_deref().map(printable),
     })
     .to_string()
 }
@@ -301,6 +305,13 @@ mod tests {
         let v: serde_json::Value =
             serde_json::from_str(&body_json(DenyReason::BadRequest, &Denial::default())).unwrap();
         assert_eq!(v["error"], format!("{} (bad_request)", DenyReason::BadRequest.message()));
+        // Nor any control character a hint quotes.
+        let d = Denial { hint: Some("_method=DEL\r\nX-Forged: 1\u{1b}[31m".into()), ..Denial::default() };
+        let v: serde_json::Value = serde_json::from_str(&body_json(DenyReason::RequestNotAllowed, &d)).unwrap();
+        for field in ["error", "hint"] {
+            let text = v[field].as_str().unwrap();
+            assert!(!text.chars().any(char::is_control) && text.contains("DEL??X-Forged: 1?[31m"), "{text}");
+        }
     }
 
     #[tokio::test]
