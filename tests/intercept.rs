@@ -589,6 +589,27 @@ fn plain_http_to_an_inspected_host_sends_on_only_what_was_judged() {
     let r = curl(&w, &w.gw_ca, &["--data", "a=1&_method=POST"], &form);
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.headers.contains("x-egress-deny-reason: upstream_invalid"), "{}", r.headers);
+
+    // On one client connection, a plain-HTTP upstream connection that carried a body
+    // is not used again: an upstream that ignored the body would read it as the start
+    // of the next request, which no rule judged.
+    let plain = TestOrigin::http();
+    let at = |path: &str| format!("http://evil.test:{}{path}", plain.port());
+    let proxy = w.gw.proxy_url("sbx-a", TOKEN_A);
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "-o", "/dev/null"])
+        .args(["-w", "%{http_code} %{num_connects}\n", "-x", &proxy, &at("/echo")])
+        .args(["--next", "-o", "/dev/null", "-w", "%{http_code} %{num_connects}\n", "-x", &proxy, "-d", "a=1"])
+        .arg(at("/echo/form"))
+        .args(["--next", "-o", "/dev/null", "-w", "%{http_code} %{num_connects}\n", "-x", &proxy, &at("/echo")])
+        .output()
+        .unwrap();
+    let codes = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(codes, "200 1\n200 0\n200 0\n", "one client connection: {}", String::from_utf8_lossy(&out.stderr));
+    let peers: Vec<_> = plain.recorded().iter().map(|r| (r.method.clone(), r.peer)).collect();
+    assert_eq!(peers.len(), 3, "{peers:?}");
+    assert_eq!(peers[0].1, peers[1].1, "the POST takes the kept connection: {peers:?}");
+    assert_ne!(peers[2].1, peers[1].1, "the connection that carried a body was used again: {peers:?}");
 }
 
 #[test]
