@@ -636,15 +636,28 @@ fn a_sandbox_cannot_spend_the_apps_token_mints() {
     assert_eq!(w.api.mint_count(), 5);
     drop(w);
 
-    let w = world(3600, "5m");
-    for _ in 0..3 {
-        let out = curl(&[&format!(
-            "http://sbx-a:{TOKEN_A}@{}/github.test/acme/tools-missing.git/info/refs?service=git-upload-pack",
+    // A second sandbox on the same policy.
+    const TOKEN_C: &str = "token-c-7e6d5c4b3a29180716f5e4d3";
+    let policy = format!(
+        "{POLICY}\n[[sandboxes]]\nid = \"sbx-c\"\ntoken_sha256 = \"{}\"\npolicy = \"agents\"\n",
+        sha256_hex(TOKEN_C)
+    );
+    let w = world_with_policy(3600, "5m", None, &policy);
+    let missing = |user: &str, token: &str| {
+        curl(&[&format!(
+            "http://{user}:{token}@{}/github.test/acme/tools-missing.git/info/refs?service=git-upload-pack",
             w.gw.addr
-        )]);
+        )])
+    };
+    for _ in 0..3 {
+        let out = missing("sbx-a", TOKEN_A);
         assert_eq!(out.status, 502, "{out:?}");
     }
     assert_eq!(w.api.mint_count(), 1, "a failed mint is remembered, not asked again");
+    // For the sandbox that asked: another is not held to its failure (the repository
+    // may exist by now).
+    assert_eq!(missing("sbx-c", TOKEN_C).status, 502);
+    assert_eq!(w.api.mint_count(), 2);
 }
 
 /// A GET with a body is never sent on with the gateway's credential: a server that

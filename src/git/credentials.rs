@@ -44,9 +44,11 @@ pub enum Permission {
     Write,
 }
 
-/// A mint's outcome: a token, or why there is none (remembered for [`FAILED_FOR`]).
+/// A mint's outcome: a token, or why there is none and which sandbox asked
+/// (remembered for [`FAILED_FOR`], for that sandbox: another asking for a repository
+/// that has come to exist since is not held to one's early failure).
 struct Cached {
-    token: Result<Secret, String>,
+    token: Result<Secret, (String, String)>,
     refresh_at: SystemTime,
 }
 
@@ -138,18 +140,22 @@ impl Credentials {
         if let Some(c) = cached.as_ref()
             && SystemTime::now() < c.refresh_at
         {
-            return c.token.clone().map_err(CredError::App);
+            match &c.token {
+                Ok(token) => return Ok(token.clone()),
+                Err((asked_by, why)) if asked_by == sandbox => return Err(CredError::App(why.clone())),
+                Err(_) => {}
+            }
         }
         self.take_mint(sandbox)?;
         let (token, refresh_at) = match self.mint(owner, repo, perm).await {
             Ok((token, expires_at)) => {
                 (Ok(token), expires_at.checked_sub(self.refresh_before).unwrap_or(SystemTime::UNIX_EPOCH))
             }
-            Err(CredError::App(why)) => (Err(why), SystemTime::now() + FAILED_FOR),
+            Err(CredError::App(why)) => (Err((sandbox.to_string(), why)), SystemTime::now() + FAILED_FOR),
             Err(e) => return Err(e),
         };
         *cached = Some(Cached { token: token.clone(), refresh_at });
-        token.map_err(CredError::App)
+        token.map_err(|(_, why)| CredError::App(why))
     }
 
     /// Takes one of `sandbox`'s mints, or says when the next is due.
