@@ -158,7 +158,7 @@ pub fn plan(method: &Method, headers: &HeaderMap, has_body: bool, judging: impl 
     if fields.is_none() && !json {
         return Plan::Pass;
     }
-    if fields.is_some() && !charsets(&lower).all(ascii_compatible) {
+    if fields.is_some() && !charsets(&lower).all(|c| ascii_compatible(&c)) {
         return Plan::Refuse(format!(
             "the rules refuse {refused} here, and a form in a charset that is not ASCII-compatible cannot be read for \
              a _method field that would make it one; send it as UTF-8"
@@ -195,27 +195,12 @@ fn folds_to(field: &[u8], name: &[u8]) -> bool {
 /// whatever the type says. Every `charset=` counts, quoted or not, first or last, so
 /// no reading of the parameters hides one.
 fn names_another_utf(content_type: &[u8]) -> bool {
-    let mut rest = content_type;
-    while let Some(at) = find(rest, b"charset") {
-        rest = &rest[at + 7..];
-        let Some(value) = rest.trim_ascii_start().strip_prefix(b"=") else { continue };
-        let value = value.trim_ascii_start();
-        let value = value.strip_prefix(b"\"").unwrap_or(value);
-        let name: Vec<u8> = value
-            .iter()
-            .copied()
-            .filter(|&b| b != b'\\')
-            .take_while(|&b| !matches!(b, b';' | b',' | b'"' | b' ' | b'\t'))
-            .collect();
-        if name.starts_with(b"utf") && name != b"utf-8" && name != b"utf8" {
-            return true;
-        }
-    }
-    false
+    charsets(content_type).any(|name| name.starts_with(b"utf") && name != b"utf-8" && name != b"utf8")
 }
 
-/// Every `charset` a (lower-cased) `Content-Type` names, quoted or not, first or last.
-fn charsets(content_type: &[u8]) -> impl Iterator<Item = &[u8]> {
+/// Every `charset` a (lower-cased) `Content-Type` names, quoted or not, first or last,
+/// with quoted-pair backslashes dropped (`utf\-16` is `utf-16`).
+fn charsets(content_type: &[u8]) -> impl Iterator<Item = Vec<u8>> {
     let mut rest = content_type;
     std::iter::from_fn(move || {
         loop {
@@ -224,8 +209,13 @@ fn charsets(content_type: &[u8]) -> impl Iterator<Item = &[u8]> {
             let Some(value) = rest.trim_ascii_start().strip_prefix(b"=") else { continue };
             let value = value.trim_ascii_start();
             let value = value.strip_prefix(b"\"").unwrap_or(value);
-            let end = value.iter().position(|&b| matches!(b, b';' | b',' | b'"' | b' ' | b'\t')).unwrap_or(value.len());
-            return Some(&value[..end]);
+            let name = value
+                .iter()
+                .copied()
+                .filter(|&b| b != b'\\')
+                .take_while(|&b| !matches!(b, b';' | b',' | b'"' | b' ' | b'\t'))
+                .collect();
+            return Some(name);
         }
     })
 }
