@@ -106,6 +106,15 @@ pub async fn handle(
         (None, None, Some(a)) => a.as_str(),
         _ => return refuse(&mut rec, "CONNECT target must be host:port"),
     };
+    // A CONNECT has no content (RFC 9110, 9.3.6): what follows its head is the tunnel's.
+    // A `Content-Length` or `Transfer-Encoding` would have hyper take the client's first
+    // tunnel bytes as a body and drop them.
+    if !http_body::Body::is_end_stream(req.body()) {
+        return refuse(
+            &mut rec,
+            "a CONNECT request has no content: send it without Content-Length or Transfer-Encoding",
+        );
+    }
     let next = match admit(&mut rec, authority, Presented::proxy(req.headers()), conn, door, &state, inspector).await {
         Ok(next) => next,
         Err(resp) => return resp,

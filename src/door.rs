@@ -40,7 +40,7 @@ use crate::resolve::Resolver;
 
 pub use authorize::{Authorized, SANDBOX_CONNECTIONS_HINT, authorize, authorize_as, identified};
 pub use identify::{AUTH_HINT, Presented, Remembered, identify, identify_by_address};
-pub use record::{Refusal, refuse};
+pub use record::{Abandoned, Refusal, refuse};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;

@@ -87,48 +87,79 @@ enum ExchangeError {
     Http(hyper::Error),
 }
 
-/// Sends `req` to `target`: over the kept connection when there is one (once more over
-/// a new one if that one closed before the request was written), else over a new one.
-/// The response, and the address it came from; with `keep`, the connection is kept for
-/// the client connection's next request (it is ready again once this response's body
-/// is read).
+/// The connection a request goes out on: the kept one, or one just dialled.
+enum Conn {
+    Kept(Kept),
+    New(SendRequest<UpBody>, SocketAddr),
+}
+
+/// The kept connection when it leads to `target`, was opened for `sandbox` and is
+/// ready, else a new one. Dialled before the request's body is taken, so that a dial
+/// that fails (refused, unreachable, a name that does not resolve) leaves the body to
+/// be read and discarded as any refusal's is: the client reads the `502` instead of
+/// failing to write the rest of its upload.
+async fn connection(
+    upstream: &Upstream,
+    door: &Door,
+    target: &Target,
+    sandbox: &str,
+    ended: Option<&CancellationToken>,
+) -> Result<Conn, ExchangeError> {
+    if let Some(mut kept) = upstream.take(target, sandbox)
+        && kept.send.ready().await.is_ok()
+    {
+        return Ok(Conn::Kept(kept));
+    }
+    // Boxed: the dial's state is large, and a request over a kept connection (the
+    // common case) would otherwise carry and move it too.
+    let (send, addr) = Box::pin(open(door, target, ended)).await?;
+    Ok(Conn::New(send, addr))
+}
+
+/// Sends `req` to `target` over `conn` (once more over a new connection if a kept one
+/// closed before the request was written). The response, and the address it came
+/// from; with `keep`, the connection is kept for the client connection's next request
+/// (it is ready again once this response's body is read).
+#[allow(clippy::too_many_arguments, reason = "one exchange's facts, each used once")]
 async fn exchange(
     upstream: &Upstream,
     door: &Door,
     target: &Target,
     sandbox: &Arc<str>,
+    conn: Conn,
     mut req: Request<UpBody>,
     keep: bool,
     ended: Option<&CancellationToken>,
 ) -> Result<(Response<Incoming>, SocketAddr), ExchangeError> {
-    if let Some(mut kept) = upstream.take(target, sandbox)
-        && kept.send.ready().await.is_ok()
-    {
-        let again = if kept.kept_at.elapsed() >= IDLE_BEFORE_RETRY { retry_of(&req) } else { None };
-        match kept.send.try_send_request(req).await {
-            Ok(resp) => {
-                let addr = kept.addr;
-                if keep {
-                    kept.kept_at = std::time::Instant::now();
-                    upstream.keep(kept);
+    let (mut send, addr) = match conn {
+        Conn::New(send, addr) => (send, addr),
+        Conn::Kept(mut kept) => {
+            let again = if kept.kept_at.elapsed() >= IDLE_BEFORE_RETRY { retry_of(&req) } else { None };
+            match kept.send.try_send_request(req).await {
+                Ok(resp) => {
+                    let addr = kept.addr;
+                    if keep && resp.version() != http::Version::HTTP_10 {
+                        kept.kept_at = std::time::Instant::now();
+                        upstream.keep(kept);
+                    }
+                    return Ok((resp, addr));
                 }
-                return Ok((resp, addr));
+                Err(mut e) => match (e.take_message(), again) {
+                    (Some(unsent), _) => req = unsent,
+                    // The origin closed the kept connection as the request went out (its
+                    // idle timeout, say): it answered nothing, so a request that is safe
+                    // to repeat goes once more, over a new connection.
+                    (None, Some(again)) if closed_unanswered(e.error()) => req = again,
+                    (None, _) => return Err(ExchangeError::Http(e.into_error())),
+                },
             }
-            Err(mut e) => match (e.take_message(), again) {
-                (Some(unsent), _) => req = unsent,
-                // The origin closed the kept connection as the request went out (its
-                // idle timeout, say): it answered nothing, so a request that is safe to
-                // repeat goes once more, over a new connection.
-                (None, Some(again)) if closed_unanswered(e.error()) => req = again,
-                (None, _) => return Err(ExchangeError::Http(e.into_error())),
-            },
+            Box::pin(open(door, target, ended)).await?
         }
-    }
-    // Boxed: the dial's state is large, and a request over a kept connection (the
-    // common case) would otherwise carry and move it too.
-    let (mut send, addr) = Box::pin(open(door, target, ended)).await?;
+    };
     let resp = send.send_request(req).await.map_err(ExchangeError::Http)?;
-    if keep {
+    // An HTTP/1.0 upstream is not kept: hyper would speak HTTP/1.0 on it from then on,
+    // where a chunked request body has no framing (and went missing).
+    if keep && resp.version() != http::Version::HTTP_10 {
         upstream.keep(Kept {
             target: target.clone(),
             sandbox: sandbox.clone(),
@@ -333,6 +364,18 @@ async fn decide_and_send(
         return door::refuse(&mut rec, refusal, entry);
     }
 
+    let client_10 = req.version() == http::Version::HTTP_10;
+    let ended = conn.watch.as_ref().map(|w| w.end());
+    let dialled = hold.registration().unless_ended(connection(upstream, door, &target, &sandbox, ended)).await;
+    let up_conn = match dialled {
+        Some(Ok(c)) => c,
+        Some(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.client_hint()),
+        Some(Err(ExchangeError::Http(e))) => {
+            return reject(&mut rec, DenyReason::UpstreamUnreachable, &format!("upstream connection failed: {e}"));
+        }
+        None => return reject(&mut rec, DenyReason::Revoked, ENDED_HINT),
+    };
+
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let idle = door.config.proxy.tunnel_idle_timeout;
@@ -378,9 +421,14 @@ async fn decide_and_send(
     }
 
     let timeout = door.config.proxy.response_header_timeout;
-    let ended = conn.watch.as_ref().map(|w| w.end());
-    let sent = Box::pin(exchange(upstream, door, &target, &sandbox, up_req, !wants_upgrade && !once, ended));
-    let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, sent)).await;
+    let sent = {
+        let mut abandoned = door::Abandoned::arm(&mut rec, &bytes_up);
+        let keep = !wants_upgrade && !once;
+        let sent = Box::pin(exchange(upstream, door, &target, &sandbox, up_conn, up_req, keep, ended));
+        let sent = hold.registration().unless_ended(tokio::time::timeout(timeout, sent)).await;
+        abandoned.disarm();
+        sent
+    };
     // What went up before an upstream failure or a sweep ended the exchange.
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let Some(sent) = sent else {
@@ -433,6 +481,11 @@ async fn decide_and_send(
 
     let (mut parts, body) = resp.into_parts();
     strip_upstream_response(&mut parts, false);
+    // An HTTP/1.0 client reads a body of unknown length to the connection's close, so
+    // the answer must not say `keep-alive` (hyper adds it for a client that asked).
+    if client_10 && !parts.headers.contains_key(header::CONTENT_LENGTH) && !http_body::Body::is_end_stream(&body) {
+        parts.version = http::Version::HTTP_10;
+    }
     let idle = door.config.proxy.tunnel_idle_timeout;
     let body = Revocable::new(IdleBody::new(Trailers::from_upstream(body), idle), hold.clone(), Dir::Down);
     let body = LoggedBody::new(body, bytes_up, rec, hold);

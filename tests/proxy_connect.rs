@@ -237,3 +237,30 @@ fn a_client_reset_closes_the_upstream_side() {
     };
     assert!(ended, "the upstream side stayed open for {:?}", started.elapsed());
 }
+
+/// A CONNECT has no content: one that declares a body (`Content-Length` above 0,
+/// `Transfer-Encoding`) is `400 bad_request`, where hyper had taken the client's first
+/// tunnel bytes as a body and dropped them. `Content-Length: 0` is a CONNECT like any.
+#[test]
+fn a_connect_that_declares_a_body_is_refused() {
+    let (gw, origin) = support::start_http();
+    let port = origin.port();
+    let auth = basic("sbx-a", TOKEN_A);
+    for framing in ["Content-Length: 5", "Transfer-Encoding: chunked"] {
+        let req =
+            format!("CONNECT origin.test:{port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n{framing}\r\n\r\nhello");
+        let resp = exchange(gw.addr, req.as_bytes());
+        assert_eq!(status(&resp), 400, "{framing}: {resp}");
+        assert!(resp.contains("has no content"), "{resp}");
+    }
+    let mut s = support::raw::connect(gw.addr);
+    let req = format!(
+        "CONNECT origin.test:{port} HTTP/1.1\r\nProxy-Authorization: {auth}\r\nContent-Length: 0\r\n\r\n\
+         GET /after-zero HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n"
+    );
+    std::io::Write::write_all(&mut s, req.as_bytes()).unwrap();
+    assert_eq!(status(&support::raw::read_head(&mut s)), 200);
+    let answer = support::raw::read_all(&mut s);
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert_eq!(origin.recorded().iter().filter(|r| r.uri == "/after-zero").count(), 1);
+}

@@ -797,3 +797,189 @@ fn a_url_with_unencoded_quotes_is_refused_with_what_to_encode() {
     let resp = raw::request(gw.addr, format!("GET {encoded} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"));
     assert_eq!(status(&resp), 200, "{resp}");
 }
+
+/// A client that leaves before the answer (its timeout, a reset) still leaves a record
+/// of a request that reached the origin: status 499, with the bytes that went up.
+/// Before, hyper dropped the handler and nothing was logged or counted.
+#[test]
+fn a_request_whose_client_left_before_the_answer_is_still_recorded() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = tx.send(raw::read_head(&mut s));
+        // Never answers; holds the connection until the gateway closes it.
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req = format!(
+        "POST http://origin.test:{port}/slow HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\
+         Content-Length: 5\r\n\r\nhello",
+        basic("sbx-a", TOKEN_A)
+    );
+    client.write_all(req.as_bytes()).unwrap();
+    let head = rx.recv_timeout(Duration::from_secs(10)).expect("the request reached the origin");
+    assert!(head.starts_with("POST /slow "), "{head}");
+    drop(client);
+    let target = format!("origin.test:{port}");
+    let log = gw.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["target"] == target.as_str());
+    assert_eq!(log["status"], 499, "{log}");
+    assert_eq!(log["decision"], "allow", "{log}");
+    assert_eq!(log["sandbox"], "sbx-a", "{log}");
+    assert!(log["bytes_up"].as_u64().unwrap_or(0) >= 5, "{log}");
+}
+
+/// An origin that answers each request on a connection in HTTP/1.0 with keep-alive,
+/// and reports each request it read (head and body, a chunked one decoded by its end).
+fn http10_origin() -> (u16, std::sync::mpsc::Receiver<String>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                loop {
+                    let head = raw::read_head(&mut s);
+                    if head.is_empty() {
+                        return;
+                    }
+                    let lower = head.to_ascii_lowercase();
+                    let mut body = Vec::new();
+                    if lower.contains("transfer-encoding: chunked") {
+                        let mut b = [0u8; 1];
+                        while !body.ends_with(b"0\r\n\r\n") && s.read(&mut b).unwrap_or(0) == 1 {
+                            body.push(b[0]);
+                        }
+                    } else if let Some(len) = lower
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                    {
+                        body = vec![0u8; len];
+                        let _ = s.read_exact(&mut body);
+                    }
+                    let _ = tx.send(format!("{head}{}", String::from_utf8_lossy(&body)));
+                    let answer = b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok";
+                    if s.write_all(answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, rx)
+}
+
+/// The gateway answers in its own version, HTTP/1.1, whatever the origin's, and never
+/// keeps an HTTP/1.0 upstream connection: on one, hyper sent the next request as
+/// HTTP/1.0 with a chunked body dropped (neither `Content-Length` nor chunked).
+#[test]
+fn an_http10_origin_neither_sets_the_version_nor_loses_a_later_chunked_body() {
+    let (port, rx) = http10_origin();
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let auth = basic("sbx-a", TOKEN_A);
+    let mut client = raw::connect(gw.addr);
+    let get = format!(
+        "GET http://origin.test:{port}/one HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\n\r\n"
+    );
+    client.write_all(get.as_bytes()).unwrap();
+    let resp = read_response(&mut client);
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    client.write_all(chunked_post(port, &auth).as_bytes()).unwrap();
+    let resp = read_response(&mut client);
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let seen = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(seen.starts_with("POST /up HTTP/1.1\r\n"), "{seen}");
+    assert!(
+        seen.to_ascii_lowercase().ends_with("\r\n\r\nb\r\nhello world\r\n0\r\n\r\n"),
+        "the body went missing: {seen:?}"
+    );
+}
+
+fn chunked_post(port: u16, auth: &str) -> String {
+    format!(
+        "POST http://origin.test:{port}/up HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\n\
+         Transfer-Encoding: chunked\r\n\r\nb\r\nhello world\r\n0\r\n\r\n"
+    )
+}
+
+/// `Content-Length: 5, 5` from an origin (one value repeated, which hyper frames the
+/// body by) reaches the client as `Content-Length: 5`: Python's `http.client` reads a
+/// list as no length and waited for the connection to close.
+#[test]
+fn a_repeated_content_length_reaches_the_client_as_one_value() {
+    let (port, _rx) = answers_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello".to_vec());
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let resp = raw::request(
+        gw.addr,
+        format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
+            basic("sbx-a", TOKEN_A)
+        ),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    let lower = resp.to_ascii_lowercase();
+    assert!(lower.contains("\r\ncontent-length: 5\r\n"), "{resp}");
+    assert!(resp.ends_with("\r\n\r\nhello"), "{resp}");
+}
+
+/// An HTTP/1.0 client that asked for keep-alive, answered with a body of unknown length
+/// (read to the close), is not told `keep-alive`: it could not tell the body's end.
+#[test]
+fn an_http10_client_is_not_told_keep_alive_for_a_body_read_to_the_close() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        raw::read_head(&mut s);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nno length here");
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req = format!(
+        "GET http://origin.test:{port}/ HTTP/1.0\r\nConnection: keep-alive\r\nProxy-Authorization: {}\r\n\r\n",
+        basic("sbx-a", TOKEN_A)
+    );
+    client.write_all(req.as_bytes()).unwrap();
+    let resp = raw::read_all(&mut client);
+    assert!(resp.starts_with("HTTP/1.0 200"), "{resp}");
+    assert!(!resp.to_ascii_lowercase().contains("keep-alive"), "{resp}");
+    assert!(resp.ends_with("\r\n\r\nno length here"), "{resp}");
+}
+
+/// An upload to an origin that cannot be reached (nothing listens) is read and
+/// discarded like a refused one's, so the client reads the `502` with its reason
+/// instead of failing to write the rest (the gateway had closed with it unread). A
+/// client waiting on `Expect: 100-continue` is told the connection closes.
+#[test]
+fn an_upload_to_an_unreachable_origin_is_answered_with_the_reason() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let auth = basic("sbx-a", TOKEN_A);
+    let len = 32 << 20;
+    let mut client = raw::connect(gw.addr);
+    let head = format!(
+        "POST http://origin.test:{port}/up HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\n\
+         Content-Length: {len}\r\n\r\n"
+    );
+    client.write_all(head.as_bytes()).unwrap();
+    client.write_all(&vec![b'x'; len]).expect("the whole upload is read");
+    let resp = read_response(&mut client);
+    assert_eq!(status(&resp), 502, "{resp}");
+    assert!(resp.contains("upstream_unreachable"), "{resp}");
+
+    let waits = format!(
+        "POST http://origin.test:{port}/up HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {auth}\r\n\
+         Content-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+    );
+    let resp = raw::exchange(gw.addr, waits.as_bytes());
+    assert_eq!(status(&resp), 502, "{resp}");
+    assert!(resp.to_ascii_lowercase().contains("\r\nconnection: close\r\n"), "{resp}");
+}

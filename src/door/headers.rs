@@ -208,6 +208,25 @@ pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: 
     if parts.status.canonical_reason().is_some() {
         parts.extensions.remove::<hyper::ext::ReasonPhrase>();
     }
+    // The gateway speaks HTTP/1.1 (RFC 9110, 6.2: an intermediary sends its own
+    // version): an HTTP/1.0 upstream's version is not the client's business, and hyper
+    // answers an HTTP/1.0 client in HTTP/1.0 whatever this says.
+    parts.version = http::Version::HTTP_11;
+    single_content_length(&mut parts.headers);
+}
+
+/// `Content-Length: 5, 5` (a list of one repeated value, which hyper framed the body
+/// by) as `Content-Length: 5` (RFC 9112, 6.3): clients such as Python's `http.client`
+/// read a list as no length, and waited for the connection to close.
+fn single_content_length(h: &mut HeaderMap) {
+    let Some(v) = h.get(header::CONTENT_LENGTH) else { return };
+    if !v.as_bytes().contains(&b',') {
+        return;
+    }
+    let first = v.as_bytes().split(|&b| b == b',').next().unwrap_or_default().trim_ascii();
+    if let Ok(one) = HeaderValue::from_bytes(first) {
+        h.insert(header::CONTENT_LENGTH, one);
+    }
 }
 
 /// Prepares a client's request head for the upstream: hop-by-hop headers go (as in

@@ -141,6 +141,42 @@ pub fn budget_ended(rec: &mut AccessRecord, end: crate::relay::End, meter: Optio
     );
 }
 
+/// The status an access record shows for a request whose client left first (nginx
+/// logs the same case so): hyper drops a handler whose client closed or reset its
+/// connection before the answer's head, when the request may already be upstream.
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// Held across the exchange with the upstream: if the handler is dropped before it is
+/// disarmed (the client left), the request is still recorded, with status
+/// [`CLIENT_CLOSED`] and the bytes that went up. Without it, a request that reached the
+/// upstream left no log line and no metric.
+pub struct Abandoned<'a> {
+    rec: &'a mut AccessRecord,
+    bytes_up: &'a std::sync::atomic::AtomicU64,
+    armed: bool,
+}
+
+impl<'a> Abandoned<'a> {
+    pub fn arm(rec: &'a mut AccessRecord, bytes_up: &'a std::sync::atomic::AtomicU64) -> Self {
+        Abandoned { rec, bytes_up, armed: true }
+    }
+
+    /// The exchange ended (answered, failed or timed out): its handler records it.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.rec.status = CLIENT_CLOSED;
+            self.rec.bytes_up = self.bytes_up.load(std::sync::atomic::Ordering::Relaxed);
+            self.rec.emit();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -235,10 +235,15 @@ async fn route_git(
         return finish(&mut rec, DenyReason::BadRequest, None, "cannot build the upstream request", entry);
     };
     let timeout = door.config.proxy.response_header_timeout;
-    let sent = hold
-        .registration()
-        .unless_ended(crate::https_client::send(&route.clients, &identity.sandbox, up, timeout, "GitHub"))
-        .await;
+    let sent = {
+        let mut abandoned = door::Abandoned::arm(&mut rec, &bytes_up);
+        let sent = hold
+            .registration()
+            .unless_ended(crate::https_client::send(&route.clients, &identity.sandbox, up, timeout, "GitHub"))
+            .await;
+        abandoned.disarm();
+        sent
+    };
     // What went up before an upstream failure or a sweep ended the exchange.
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {

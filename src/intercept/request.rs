@@ -347,17 +347,22 @@ pub async fn handle(
     let version = if h2 { crate::https_client::Version::Http2 } else { crate::https_client::Version::Http1 };
 
     let timeout = door.config.proxy.response_header_timeout;
-    let sent = hold
-        .registration()
-        .unless_ended(crate::https_client::send_as(
-            &intercept.clients,
-            &identity.sandbox,
-            up,
-            timeout,
-            "the inspected host",
-            version,
-        ))
-        .await;
+    let sent = {
+        let mut abandoned = crate::door::Abandoned::arm(&mut rec, &bytes_up);
+        let sent = hold
+            .registration()
+            .unless_ended(crate::https_client::send_as(
+                &intercept.clients,
+                &identity.sandbox,
+                up,
+                timeout,
+                "the inspected host",
+                version,
+            ))
+            .await;
+        abandoned.disarm();
+        sent
+    };
     // What went up before an upstream failure or a sweep ended the exchange.
     rec.bytes_up = bytes_up.load(std::sync::atomic::Ordering::Relaxed);
     let resp = match sent {
