@@ -108,9 +108,12 @@ pub fn parse_authority(s: &str, default_port: Option<u16>) -> Result<Target, Add
         return Err(AddrError::ForbiddenCharacter);
     }
     let (host_part, port_part) = split_host_port(s)?;
-    let port = match port_part {
-        Some(p) => parse_port(p)?,
-        None => default_port.ok_or(AddrError::MissingPort)?,
+    let port = match (port_part, default_port) {
+        // `http://host:/` is `http://host/` (RFC 3986, 3.2.3: an empty port is the
+        // scheme's default); a CONNECT target has no default and needs its port.
+        (Some(""), Some(default)) => default,
+        (Some(p), _) => parse_port(p)?,
+        (None, default) => default.ok_or(AddrError::MissingPort)?,
     };
     let host = parse_host(host_part)?;
     Ok(Target { host, port })
@@ -367,6 +370,9 @@ mod tests {
         assert_eq!(t.to_string(), "example.com:443");
         assert_eq!(parse_authority("example.com", None), Err(AddrError::MissingPort));
         assert_eq!(parse_authority("example.com", Some(80)).map(|t| t.port), Ok(80));
+        assert_eq!(parse_authority("example.com:", Some(80)).map(|t| t.port), Ok(80));
+        assert_eq!(parse_authority("[::1]:", Some(80)).map(|t| t.port), Ok(80));
+        assert_eq!(parse_authority("example.com:", None), Err(AddrError::InvalidPort));
         assert_eq!(parse_authority("[::1]:8080", None).map(|t| t.to_string()), Ok("[::1]:8080".into()));
         for bad in [
             "example.com:0",

@@ -473,9 +473,11 @@ async fn decide_and_send(
         let detail = "the upstream switched to a protocol other than WebSocket";
         return reject(&mut rec, DenyReason::UpstreamInvalid, detail);
     }
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(client_upgrade) = client_upgrade
-    {
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            let detail = "the upstream switched protocols, which the request did not ask for";
+            return reject(&mut rec, DenyReason::UpstreamInvalid, detail);
+        };
         return door::relay_upgraded(door, conn.place(), hold, rec, client_upgrade, resp);
     }
 

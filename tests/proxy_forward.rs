@@ -983,3 +983,21 @@ fn an_upload_to_an_unreachable_origin_is_answered_with_the_reason() {
     assert_eq!(status(&resp), 502, "{resp}");
     assert!(resp.to_ascii_lowercase().contains("\r\nconnection: close\r\n"), "{resp}");
 }
+
+/// An upstream that switches protocols unasked is `502 upstream_invalid`: its `101`
+/// had been relayed without its `Upgrade`, and the connection closed.
+#[test]
+fn an_upstream_that_switches_protocols_unasked_is_refused() {
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let (port, _rx) =
+        answers_once(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: upgrade\r\n\r\n".to_vec());
+    let resp = raw::request(
+        gw.addr,
+        format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
+            basic("sbx-a", TOKEN_A)
+        ),
+    );
+    assert_eq!(status(&resp), 502, "{resp}");
+    assert!(resp.contains("upstream_invalid"), "{resp}");
+}
