@@ -255,7 +255,7 @@ pub fn authenticate(
             if verifier.is_revoked(&sbx.id) {
                 return Err(AuthError::Token(TokenError::Revoked));
             }
-            let vpce = set.vpce_binding(&sbx.id, &sbx.policy).to_vec();
+            let vpce = sbx.vpce_under(&sbx.policy).to_vec();
             let credential = Credential::Static { token_sha256: sbx.token_sha256 };
             Ok(Identity { sandbox: sbx.id.clone(), policy: sbx.policy.clone(), repos: None, vpce, credential })
         }

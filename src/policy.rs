@@ -524,6 +524,14 @@ pub struct Sandbox {
     pub labels: Vec<String>,
 }
 
+impl Sandbox {
+    /// The VPC endpoints it must come through under `policy` (empty: any): its own
+    /// `vpce` when it lists one, else the policy's.
+    pub fn vpce_under<'a>(&'a self, policy: &'a Policy) -> &'a [String] {
+        if self.vpce.is_empty() { policy.vpce() } else { &self.vpce }
+    }
+}
+
 /// The sandbox id a peer name (`ID.SUFFIX`, any case) names.
 pub fn peer_id<'t>(target: &'t Target, suffix: &str) -> Option<&'t str> {
     if suffix.is_empty() {
@@ -558,8 +566,8 @@ impl PolicySet {
     /// presents; otherwise its policy's.
     pub fn vpce_binding<'a>(&'a self, sandbox: &str, policy: &'a Policy) -> &'a [String] {
         match self.sandbox(sandbox) {
-            Some(sbx) if !sbx.vpce.is_empty() => &sbx.vpce,
-            _ => policy.vpce(),
+            Some(sbx) => sbx.vpce_under(policy),
+            None => policy.vpce(),
         }
     }
 
