@@ -55,3 +55,28 @@ pub fn body_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     }
     None
 }
+
+/// True when the request body failed because the client's own connection ended under
+/// it (closed before the body was complete, or reset): the client left, which is not a
+/// fault of its framing.
+pub fn client_left_mid_body(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let mut cur = Some(err);
+    let mut in_body = false;
+    while let Some(e) = cur {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            in_body |= h.is_user();
+            if in_body && h.is_incomplete_message() {
+                return true;
+            }
+        }
+        if in_body
+            && e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| matches!(io.kind(), BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof))
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}

@@ -93,6 +93,15 @@ enum Conn {
     New(SendRequest<UpBody>, SocketAddr),
 }
 
+impl Conn {
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Conn::Kept(k) => k.addr,
+            Conn::New(_, addr) => *addr,
+        }
+    }
+}
+
 /// The kept connection when it leads to `target`, was opened for `sandbox` and is
 /// ready, else a new one. Dialled before the request's body is taken, so that a dial
 /// that fails (refused, unreachable, a name that does not resolve) leaves the body to
@@ -364,9 +373,36 @@ async fn decide_and_send(
         return door::refuse(&mut rec, refusal, entry);
     }
 
+    // On an inspected host a POST whose form names another method (`_method=DELETE`)
+    // is judged as that method too, as the body streams. Planned before the dial: a
+    // refusal here needs no upstream connection.
+    let mut watch = None;
+    if let Some(policy) = &policy
+        && req.method().as_str().eq_ignore_ascii_case("POST")
+    {
+        let has_body = body.as_ref().is_some_and(|b| !http_body::Body::is_end_stream(b));
+        let judge = || {
+            let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+            let headers = crate::door::headers::rule_headers(req.headers());
+            method_field::judge(policy.clone(), target.clone(), path, headers)
+        };
+        match method_field::plan(req.method(), req.headers(), has_body, judge) {
+            method_field::Plan::Pass => {}
+            method_field::Plan::Refuse(hint) => return reject(&mut rec, DenyReason::RequestNotAllowed, &hint),
+            method_field::Plan::Watch(form, judge) => watch = Some((form, judge, Arc::new(std::sync::OnceLock::new()))),
+        }
+    }
+
     let client_10 = req.version() == http::Version::HTTP_10;
     let ended = conn.watch.as_ref().map(|w| w.end());
-    let dialled = hold.registration().unless_ended(connection(upstream, door, &target, &sandbox, ended)).await;
+    let dialled = {
+        // A client that leaves during the dial is recorded too (nothing went up yet).
+        let nothing_up = AtomicU64::new(0);
+        let mut abandoned = door::Abandoned::arm(&mut rec, &nothing_up);
+        let dialled = hold.registration().unless_ended(connection(upstream, door, &target, &sandbox, ended)).await;
+        abandoned.disarm();
+        dialled
+    };
     let up_conn = match dialled {
         Some(Ok(c)) => c,
         Some(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.client_hint()),
@@ -375,6 +411,7 @@ async fn decide_and_send(
         }
         None => return reject(&mut rec, DenyReason::Revoked, ENDED_HINT),
     };
+    rec.upstream_addr = Some(up_conn.addr());
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -383,24 +420,6 @@ async fn decide_and_send(
         return reject(&mut rec, DenyReason::BadRequest, "the request body is gone");
     };
     let (parts, ()) = req.into_parts();
-    // On an inspected host a POST whose form names another method (`_method=DELETE`)
-    // is judged as that method too, as the body streams.
-    let mut watch = None;
-    if let Some(policy) = &policy
-        && parts.method.as_str().eq_ignore_ascii_case("POST")
-    {
-        let has_body = !http_body::Body::is_end_stream(&sent_body);
-        let judge = || {
-            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
-            let headers = crate::door::headers::rule_headers(&parts.headers);
-            method_field::judge(policy.clone(), target.clone(), path, headers)
-        };
-        match method_field::plan(&parts.method, &parts.headers, has_body, judge) {
-            method_field::Plan::Pass => {}
-            method_field::Plan::Refuse(hint) => return reject(&mut rec, DenyReason::RequestNotAllowed, &hint),
-            method_field::Plan::Watch(form, judge) => watch = Some((form, judge, Arc::new(std::sync::OnceLock::new()))),
-        }
-    }
     let refused_method = watch.as_ref().map(|(_, _, refused)| refused.clone());
     let req = Request::from_parts(parts, sent_body);
     let up_req = match upstream_request(req, &target, &rec.target, wants_upgrade, hold.clone(), idle, watch) {
@@ -451,6 +470,9 @@ async fn decide_and_send(
                 return reject(&mut rec, DenyReason::RequestNotAllowed, hint);
             }
             if let Some(body) = crate::dial::body_failure(&e) {
+                if crate::dial::client_left_mid_body(&e) {
+                    return door::record::client_left(&mut rec, &format!("the request body ended early: {body}"));
+                }
                 return reject(
                     &mut rec,
                     DenyReason::BadRequest,

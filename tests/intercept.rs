@@ -589,6 +589,15 @@ fn plain_http_to_an_inspected_host_sends_on_only_what_was_judged() {
     let r = curl(&w, &w.gw_ca, &["--data", "a=1&_method=POST"], &form);
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.headers.contains("x-egress-deny-reason: upstream_invalid"), "{}", r.headers);
+    // A form the watch cannot read is refused before any dial: with nothing listening
+    // there, the answer is still the refusal, not `502`.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("http://evil.test:{}/echo/form", closed.local_addr().unwrap().port());
+    drop(closed);
+    let two_types = ["-H", "Content-Type: text/plain", "-H", "Content-Type: application/x-www-form-urlencoded"];
+    let r = curl(&w, &w.gw_ca, &[&two_types[..], &["--data", "a=1"]].concat(), &nowhere);
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.headers.contains("x-egress-deny-reason: request_not_allowed"), "{}", r.headers);
 
     // On one client connection, a plain-HTTP upstream connection that carried a body
     // is not used again: an upstream that ignored the body would read it as the start

@@ -1001,3 +1001,92 @@ fn an_upstream_that_switches_protocols_unasked_is_refused() {
     assert_eq!(status(&resp), 502, "{resp}");
     assert!(resp.contains("upstream_invalid"), "{resp}");
 }
+
+/// A listener whose accept queue is full, so that a dial to it hangs (until the
+/// gateway's connect timeout): returns its port and what keeps it so.
+fn hanging_dial() -> (u16, Vec<socket2::Socket>) {
+    use socket2::{Domain, Socket, Type};
+    let listener = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    listener.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    listener.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let port = addr.as_socket().unwrap().port();
+    let mut held = vec![listener];
+    for _ in 0..3 {
+        let c = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        c.set_nonblocking(true).unwrap();
+        let _ = c.connect(&addr);
+        held.push(c);
+    }
+    (port, held)
+}
+
+/// A client that leaves while the gateway is still dialling is recorded too (status
+/// 499, no upstream address): before, the request was counted against budgets and
+/// left no log line.
+#[test]
+fn a_client_that_leaves_during_the_dial_is_recorded() {
+    let (port, _held) = hanging_dial();
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req = format!(
+        "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
+        basic("sbx-a", TOKEN_A)
+    );
+    client.write_all(req.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client);
+    let target = format!("origin.test:{port}");
+    let log = gw.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["target"] == target.as_str());
+    assert_eq!(log["status"], 499, "{log}");
+    assert!(log.get("upstream_addr").is_none(), "{log}");
+}
+
+/// A client whose upload ends early (it closes mid-body) left: status 499, not a
+/// refusal of its framing (`deny bad_request`, which counted it among refusals).
+#[test]
+fn a_client_that_leaves_mid_upload_is_recorded_as_left_not_refused() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = tx.send(raw::read_head(&mut s));
+        let mut sink = [0u8; 4096];
+        while s.read(&mut sink).is_ok_and(|n| n > 0) {}
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut client = raw::connect(gw.addr);
+    let req = format!(
+        "POST http://origin.test:{port}/up HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\
+         Content-Length: 1000\r\n\r\n{}",
+        basic("sbx-a", TOKEN_A),
+        "x".repeat(100)
+    );
+    client.write_all(req.as_bytes()).unwrap();
+    rx.recv_timeout(Duration::from_secs(10)).expect("the request reached the origin");
+    drop(client);
+    let target = format!("origin.test:{port}");
+    let log = gw.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["target"] == target.as_str());
+    assert_eq!(log["status"], 499, "{log}");
+    assert_eq!(log["decision"], "allow", "{log}");
+    assert!(log.get("reason").is_none(), "{log}");
+}
+
+/// A `HEAD` answered with `Content-Length` on two field lines (one value) reaches the
+/// client with one: hyper's server had refused to write the pair on a bodiless answer,
+/// and the client got nothing.
+#[test]
+fn a_head_answered_with_a_repeated_content_length_reaches_the_client() {
+    let (port, _rx) = answers_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n".to_vec());
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let resp = raw::request(
+        gw.addr,
+        format!(
+            "HEAD http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
+            basic("sbx-a", TOKEN_A)
+        ),
+    );
+    assert_eq!(status(&resp), 200, "{resp}");
+    assert_eq!(resp.to_ascii_lowercase().matches("content-length: 5\r\n").count(), 1, "{resp}");
+}

@@ -218,9 +218,12 @@ pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: 
 /// `Content-Length: 5, 5` (a list of one repeated value, which hyper framed the body
 /// by) as `Content-Length: 5` (RFC 9112, 6.3): clients such as Python's `http.client`
 /// read a list as no length, and waited for the connection to close.
+/// The same for the value repeated on several field lines: hyper's server refuses to
+/// write those on an answer without a body (a `HEAD`'s), and the client got nothing.
 fn single_content_length(h: &mut HeaderMap) {
-    let Some(v) = h.get(header::CONTENT_LENGTH) else { return };
-    if !v.as_bytes().contains(&b',') {
+    let mut values = h.get_all(header::CONTENT_LENGTH).iter();
+    let Some(v) = values.next() else { return };
+    if values.next().is_none() && !v.as_bytes().contains(&b',') {
         return;
     }
     let first = v.as_bytes().split(|&b| b == b',').next().unwrap_or_default().trim_ascii();

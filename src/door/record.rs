@@ -146,6 +146,23 @@ pub fn budget_ended(rec: &mut AccessRecord, end: crate::relay::End, meter: Optio
 /// connection before the answer's head, when the request may already be upstream.
 pub const CLIENT_CLOSED: u16 = 499;
 
+/// A request whose client left while its body went upstream (the client's connection
+/// closed or was reset mid-body): recorded as [`Abandoned`] records it, status
+/// [`CLIENT_CLOSED`], not as a refusal. The answer goes out only if anyone still reads.
+pub fn client_left(rec: &mut AccessRecord, hint: &str) -> Response<ProxyBody> {
+    let denial = Denial {
+        target: Some(&*rec.target),
+        sandbox: rec.sandbox.as_deref(),
+        policy: rec.policy.as_deref(),
+        rule: None,
+        hint: Some(hint.to_string()),
+    };
+    let resp = respond::deny(DenyReason::BadRequest, &denial);
+    rec.status = CLIENT_CLOSED;
+    rec.emit();
+    resp
+}
+
 /// Held across the exchange with the upstream: if the handler is dropped before it is
 /// disarmed (the client left), the request is still recorded, with status
 /// [`CLIENT_CLOSED`] and the bytes that went up. Without it, a request that reached the
