@@ -93,28 +93,19 @@ enum Conn {
     New(SendRequest<UpBody>, SocketAddr),
 }
 
-impl Conn {
-    fn addr(&self) -> SocketAddr {
-        match self {
-            Conn::Kept(k) => k.addr,
-            Conn::New(_, addr) => *addr,
-        }
-    }
-}
-
-/// The kept connection when it leads to `target`, was opened for `sandbox` and is
-/// ready, else a new one. Dialled before the request's body is taken, so that a dial
-/// that fails (refused, unreachable, a name that does not resolve) leaves the body to
-/// be read and discarded as any refusal's is: the client reads the `502` instead of
-/// failing to write the rest of its upload.
+/// `kept` once it is ready (the connection kept for this client connection, when it
+/// leads to the target and was opened for the same sandbox), else a new connection.
+/// Dialled before the request's body is taken, so that a dial that fails (refused,
+/// unreachable, a name that does not resolve) leaves the body to be read and
+/// discarded as any refusal's is: the client reads the `502` instead of failing to
+/// write the rest of its upload.
 async fn connection(
-    upstream: &Upstream,
+    kept: Option<Kept>,
     door: &Door,
     target: &Target,
-    sandbox: &str,
     ended: Option<&CancellationToken>,
 ) -> Result<Conn, ExchangeError> {
-    if let Some(mut kept) = upstream.take(target, sandbox)
+    if let Some(mut kept) = kept
         && kept.send.ready().await.is_ok()
     {
         return Ok(Conn::Kept(kept));
@@ -395,23 +386,33 @@ async fn decide_and_send(
 
     let client_10 = req.version() == http::Version::HTTP_10;
     let ended = conn.watch.as_ref().map(|w| w.end());
-    let dialled = {
-        // A client that leaves during the dial is recorded too (nothing went up yet).
-        let nothing_up = AtomicU64::new(0);
-        let mut abandoned = door::Abandoned::arm(&mut rec, &nothing_up);
-        let dialled = hold.registration().unless_ended(connection(upstream, door, &target, &sandbox, ended)).await;
-        abandoned.disarm();
-        dialled
-    };
-    let up_conn = match dialled {
-        Some(Ok(c)) => c,
-        Some(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.client_hint()),
-        Some(Err(ExchangeError::Http(e))) => {
-            return reject(&mut rec, DenyReason::UpstreamUnreachable, &format!("upstream connection failed: {e}"));
+    let up_conn = match upstream.take(&target, &sandbox) {
+        // The common case, back-to-back requests: the kept connection is ready now.
+        Some(kept) if kept.send.is_ready() => Conn::Kept(kept),
+        kept => {
+            // A client that leaves during the dial is recorded too (nothing went up).
+            let nothing_up = AtomicU64::new(0);
+            let mut abandoned = door::Abandoned::arm(&mut rec, &nothing_up);
+            let dialled = hold.registration().unless_ended(connection(kept, door, &target, ended)).await;
+            abandoned.disarm();
+            drop(abandoned);
+            match dialled {
+                Some(Ok(c)) => c,
+                Some(Err(ExchangeError::Dial(e))) => return reject(&mut rec, e.reason(), &e.client_hint()),
+                Some(Err(ExchangeError::Http(e))) => {
+                    let hint = format!("upstream connection failed: {e}");
+                    return reject(&mut rec, DenyReason::UpstreamUnreachable, &hint);
+                }
+                None => return reject(&mut rec, DenyReason::Revoked, ENDED_HINT),
+            }
         }
-        None => return reject(&mut rec, DenyReason::Revoked, ENDED_HINT),
     };
-    rec.upstream_addr = Some(up_conn.addr());
+    // A new connection's address is where the request goes. A kept one's is named only
+    // once answered: if it closed under the request, a safe one goes again over a new
+    // connection, perhaps to another of the name's addresses.
+    if let Conn::New(_, addr) = &up_conn {
+        rec.upstream_addr = Some(*addr);
+    }
 
     let wants_upgrade = is_upgrade(req.headers());
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));

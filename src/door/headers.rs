@@ -220,15 +220,28 @@ pub fn strip_upstream_response(parts: &mut http::response::Parts, keep_upgrade: 
 /// read a list as no length, and waited for the connection to close.
 /// The same for the value repeated on several field lines: hyper's server refuses to
 /// write those on an answer without a body (a `HEAD`'s), and the client got nothing.
+/// On an answer with no body (a `HEAD`'s, a `304`), where hyper checked nothing, values
+/// that disagree or are no number are dropped: they frame nothing, and curl refuses an
+/// answer that carries one.
 fn single_content_length(h: &mut HeaderMap) {
     let mut values = h.get_all(header::CONTENT_LENGTH).iter();
     let Some(v) = values.next() else { return };
-    if values.next().is_none() && !v.as_bytes().contains(&b',') {
+    if values.next().is_none() && !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_digit) {
         return;
     }
     let first = v.as_bytes().split(|&b| b == b',').next().unwrap_or_default().trim_ascii();
-    if let Ok(one) = HeaderValue::from_bytes(first) {
-        h.insert(header::CONTENT_LENGTH, one);
+    let same = h
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .all(|n| n.trim_ascii() == first);
+    match HeaderValue::from_bytes(first) {
+        Ok(one) if same && !first.is_empty() && first.iter().all(u8::is_ascii_digit) => {
+            h.insert(header::CONTENT_LENGTH, one);
+        }
+        _ => {
+            h.remove(header::CONTENT_LENGTH);
+        }
     }
 }
 
@@ -294,6 +307,27 @@ pub fn strip_gateway_fields(h: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeated_content_length_is_one_value_and_a_bad_one_is_dropped() {
+        let cl = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::CONTENT_LENGTH, HeaderValue::from_str(v).unwrap());
+            }
+            single_content_length(&mut h);
+            h.get_all(header::CONTENT_LENGTH).iter().map(|v| v.to_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(cl(&["5"]), ["5"]);
+        assert_eq!(cl(&["5, 5"]), ["5"]);
+        assert_eq!(cl(&[" 5 ,5"]), ["5"]);
+        assert_eq!(cl(&["5", "5"]), ["5"]);
+        assert_eq!(cl(&["5", "5, 5"]), ["5"]);
+        for bad in [&["5", "6"][..], &["abc", "5"], &["abc"], &[",5"], &["5,"], &["5", "5, 6"], &["+5, 5"]] {
+            assert!(cl(bad).is_empty(), "{bad:?}");
+        }
+        assert!(cl(&[]).is_empty());
+    }
 
     #[test]
     fn hop_by_hop_headers_are_removed() {
