@@ -697,6 +697,20 @@ fn answers_once(answer: Vec<u8>) -> (u16, std::sync::mpsc::Receiver<String>) {
     (port, rx)
 }
 
+/// What a client reads when it sends `method` for `/` through a fresh gateway to an
+/// origin that answers `answer` once.
+fn answered_once(answer: &[u8], method: &str) -> String {
+    let (port, _rx) = answers_once(answer.to_vec());
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    raw::request(
+        gw.addr,
+        format!(
+            "{method} http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
+            basic("sbx-a", TOKEN_A)
+        ),
+    )
+}
+
 #[test]
 fn a_refusal_that_leaves_a_body_unsent_says_the_connection_closes() {
     // A client waiting on `Expect: 100-continue` has sent no body: the refusal comes
@@ -798,20 +812,27 @@ fn a_url_with_unencoded_quotes_is_refused_with_what_to_encode() {
     assert_eq!(status(&resp), 200, "{resp}");
 }
 
-/// A client that leaves before the answer (its timeout, a reset) still leaves a record
-/// of a request that reached the origin: status 499, with the bytes that went up.
-/// Before, hyper dropped the handler and nothing was logged or counted.
-#[test]
-fn a_request_whose_client_left_before_the_answer_is_still_recorded() {
+/// An origin that reports the head of the one request it takes, reads what follows
+/// and never answers, until the gateway closes the connection.
+fn silent_origin() -> (u16, std::sync::mpsc::Receiver<String>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let Ok((mut s, _)) = listener.accept() else { return };
         let _ = tx.send(raw::read_head(&mut s));
-        // Never answers; holds the connection until the gateway closes it.
-        let _ = s.read(&mut [0u8; 1]);
+        let mut sink = [0u8; 4096];
+        while s.read(&mut sink).is_ok_and(|n| n > 0) {}
     });
+    (port, rx)
+}
+
+/// A client that leaves before the answer (its timeout, a reset) still leaves a record
+/// of a request that reached the origin: status 499, with the bytes that went up.
+/// Before, hyper dropped the handler and nothing was logged or counted.
+#[test]
+fn a_request_whose_client_left_before_the_answer_is_still_recorded() {
+    let (port, rx) = silent_origin();
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
     let mut client = raw::connect(gw.addr);
     let req = format!(
@@ -823,8 +844,7 @@ fn a_request_whose_client_left_before_the_answer_is_still_recorded() {
     let head = rx.recv_timeout(Duration::from_secs(10)).expect("the request reached the origin");
     assert!(head.starts_with("POST /slow "), "{head}");
     drop(client);
-    let target = format!("origin.test:{port}");
-    let log = gw.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["target"] == target.as_str());
+    let log = gw.access_for(&format!("origin.test:{port}"));
     assert_eq!(log["status"], 499, "{log}");
     assert_eq!(log["decision"], "allow", "{log}");
     assert_eq!(log["sandbox"], "sbx-a", "{log}");
@@ -913,15 +933,7 @@ fn chunked_post(port: u16, auth: &str) -> String {
 /// list as no length and waited for the connection to close.
 #[test]
 fn a_repeated_content_length_reaches_the_client_as_one_value() {
-    let (port, _rx) = answers_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello".to_vec());
-    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    let resp = raw::request(
-        gw.addr,
-        format!(
-            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
-            basic("sbx-a", TOKEN_A)
-        ),
-    );
+    let resp = answered_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello", "GET");
     assert_eq!(status(&resp), 200, "{resp}");
     let lower = resp.to_ascii_lowercase();
     assert!(lower.contains("\r\ncontent-length: 5\r\n"), "{resp}");
@@ -988,16 +1000,7 @@ fn an_upload_to_an_unreachable_origin_is_answered_with_the_reason() {
 /// had been relayed without its `Upgrade`, and the connection closed.
 #[test]
 fn an_upstream_that_switches_protocols_unasked_is_refused() {
-    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    let (port, _rx) =
-        answers_once(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: upgrade\r\n\r\n".to_vec());
-    let resp = raw::request(
-        gw.addr,
-        format!(
-            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
-            basic("sbx-a", TOKEN_A)
-        ),
-    );
+    let resp = answered_once(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: upgrade\r\n\r\n", "GET");
     assert_eq!(status(&resp), 502, "{resp}");
     assert!(resp.contains("upstream_invalid"), "{resp}");
 }
@@ -1036,8 +1039,7 @@ fn a_client_that_leaves_during_the_dial_is_recorded() {
     client.write_all(req.as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     drop(client);
-    let target = format!("origin.test:{port}");
-    let log = gw.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["target"] == target.as_str());
+    let log = gw.access_for(&format!("origin.test:{port}"));
     assert_eq!(log["status"], 499, "{log}");
     assert!(log.get("upstream_addr").is_none(), "{log}");
 }
@@ -1046,15 +1048,7 @@ fn a_client_that_leaves_during_the_dial_is_recorded() {
 /// refusal of its framing (`deny bad_request`, which counted it among refusals).
 #[test]
 fn a_client_that_leaves_mid_upload_is_recorded_as_left_not_refused() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let Ok((mut s, _)) = listener.accept() else { return };
-        let _ = tx.send(raw::read_head(&mut s));
-        let mut sink = [0u8; 4096];
-        while s.read(&mut sink).is_ok_and(|n| n > 0) {}
-    });
+    let (port, rx) = silent_origin();
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
     let mut client = raw::connect(gw.addr);
     let req = format!(
@@ -1066,8 +1060,7 @@ fn a_client_that_leaves_mid_upload_is_recorded_as_left_not_refused() {
     client.write_all(req.as_bytes()).unwrap();
     rx.recv_timeout(Duration::from_secs(10)).expect("the request reached the origin");
     drop(client);
-    let target = format!("origin.test:{port}");
-    let log = gw.wait_for_log(Duration::from_secs(10), |v| v["log"] == "access" && v["target"] == target.as_str());
+    let log = gw.access_for(&format!("origin.test:{port}"));
     assert_eq!(log["status"], 499, "{log}");
     assert_eq!(log["decision"], "allow", "{log}");
     assert!(log.get("reason").is_none(), "{log}");
@@ -1078,15 +1071,7 @@ fn a_client_that_leaves_mid_upload_is_recorded_as_left_not_refused() {
 /// and the client got nothing.
 #[test]
 fn a_head_answered_with_a_repeated_content_length_reaches_the_client() {
-    let (port, _rx) = answers_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n".to_vec());
-    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
-    let resp = raw::request(
-        gw.addr,
-        format!(
-            "HEAD http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: {}\r\n\r\n",
-            basic("sbx-a", TOKEN_A)
-        ),
-    );
+    let resp = answered_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", "HEAD");
     assert_eq!(status(&resp), 200, "{resp}");
     assert_eq!(resp.to_ascii_lowercase().matches("content-length: 5\r\n").count(), 1, "{resp}");
 }
