@@ -14,8 +14,10 @@
 
 pub mod admission;
 pub mod bodies;
+pub mod head_limits;
 pub mod headers;
 pub mod limits;
+pub mod linger;
 pub mod method_field;
 pub mod record;
 pub mod registry;

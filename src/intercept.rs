@@ -86,6 +86,7 @@ pub async fn serve<IO, F, Fut>(
     tls: TlsStream<IO>,
     watch: Arc<Watch>,
     header_timeout: Duration,
+    hard: crate::door::head_limits::Hard,
     quiet: Duration,
     handler: F,
 ) where
@@ -101,11 +102,17 @@ pub async fn serve<IO, F, Fut>(
     let io = TokioIo::new(Watched::new(tls, watch.clone()));
     let result = if h2 {
         let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        b.timer(TokioTimer::new()).max_concurrent_streams(128);
+        let list = u32::try_from(hard.head_bytes).unwrap_or(u32::MAX);
+        b.timer(TokioTimer::new()).max_concurrent_streams(128).max_header_list_size(list);
         crate::door::watch::serve(b.serve_connection(io, service), &watch, quiet, None).await
     } else {
         let mut b = hyper::server::conn::http1::Builder::new();
-        b.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+        b.timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .max_header_size(hard.head_bytes)
+            .max_headers(hard.fields)
+            .max_buf_size(hard.buffer)
+            .keep_alive(true);
         crate::door::watch::serve(b.serve_connection(io, service).with_upgrades(), &watch, quiet, None).await
     };
     if let Err(e) = result {

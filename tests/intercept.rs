@@ -313,6 +313,24 @@ fn requests_are_decided_one_by_one_and_refusals_say_why() {
     assert!(access.iter().any(|l| l["rule"].as_str().is_some_and(|r| r.contains("admin"))), "{access:?}");
 }
 
+/// `proxy.max_header_bytes` holds inside an inspected connection, over HTTP/1.1 and
+/// HTTP/2, with the reason (hyper's own limits there had been its defaults).
+#[test]
+fn inspected_heads_over_the_limits_are_refused_with_the_reason() {
+    let w = world();
+    let url = format!("https://inspect.test:{}/echo", w.origin.port());
+    let big = format!("X-Big: {}", "a".repeat(40 * 1024));
+    for version in ["--http1.1", "--http2"] {
+        let r = curl(&w, &w.gw_ca, &[version, "-H", &big], &url);
+        assert_eq!(r.status, 431, "{version}: {}", r.body);
+        assert!(r.headers.contains("x-egress-deny-reason: request_too_large"), "{}", r.headers);
+        assert!(r.body.contains("(proxy.max_header_bytes)"), "{}", r.body);
+    }
+    assert!(w.origin.recorded().is_empty(), "{:?}", w.origin.recorded());
+    let r = curl(&w, &w.gw_ca, &["-H", &big[..20 * 1024]], &url);
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
 #[test]
 fn sandboxes_never_share_an_upstream_connection() {
     // Requests on separate client connections reuse their sandbox's pooled upstream

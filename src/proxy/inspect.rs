@@ -47,11 +47,13 @@ impl door::Inspector for Dispatch {
             let conn = ConnInfo { watch: Some(watch.clone()), ..conn };
             let (target, conn) = (Arc::new(target), Arc::new(conn));
             let quiet = super::server::quiet_limit(&shared.config);
+            let cfg = &shared.config.proxy;
+            let hard = door::head_limits::hard(cfg.max_header_bytes, cfg.max_headers);
             let handler = move |req: Request<Incoming>| {
                 let (shared, conn, target) = (shared.clone(), conn.clone(), target.clone());
                 async move { route(req, &conn, &shared, &target).await }
             };
-            crate::intercept::serve(tls, watch, timeout, quiet, handler).await;
+            crate::intercept::serve(tls, watch, timeout, hard, quiet, handler).await;
         })
     }
 }
@@ -86,7 +88,7 @@ async fn choose(
         .or_else(|| req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string));
     let same = named.as_deref().is_none_or(|n| addr::parse_authority(n, Some(target.port)).is_ok_and(|t| t == *target));
     let absolute = format!("https://{shown}{pq}").parse::<http::Uri>();
-    let refuse = |hint: String| {
+    let refuse_for = |reason: DenyReason, hint: String| {
         let mut rec = AccessRecord::with_vpce(
             Kind::Inspect,
             req.method().as_str(),
@@ -100,8 +102,17 @@ async fn choose(
             rec.sandbox = Some(identity.sandbox.clone());
             rec.policy = Some(identity.policy.shared_name());
         }
-        door::refuse(&mut rec, Refusal::new(DenyReason::BadRequest, hint), Entry::Absolute)
+        door::refuse(&mut rec, Refusal::new(reason, hint), Entry::Absolute)
     };
+    let refuse = |hint: String| refuse_for(DenyReason::BadRequest, hint);
+    // The proxy port's head limits hold inside an inspected connection too.
+    let cfg = &door.config.proxy;
+    if let Some(hint) =
+        door::head_limits::over(req.method(), req.uri(), req.headers(), cfg.max_header_bytes, cfg.max_headers)
+    {
+        let resp = refuse_for(DenyReason::RequestTooLarge, hint);
+        return door::bodies::refuse_request(req, cfg.tunnel_idle_timeout, resp).await;
+    }
     // A tunnel inside a tunnel would carry bytes no request rule sees, whichever
     // handler the host has (an API route's would even add its credential).
     if req.method() == http::Method::CONNECT {

@@ -357,13 +357,17 @@ pub async fn serve_stream<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &shared.config.proxy;
+    // hyper refuses only what is over twice the limits, with a bare 431; `handle_within`
+    // refuses the rest of what is over them, saying which.
+    let hard = crate::door::head_limits::hard(cfg.max_header_bytes, cfg.max_headers);
     let mut builder = http1::Builder::new();
     builder
         .half_close(half_close)
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
-        .max_header_size(cfg.max_header_bytes)
-        .max_headers(cfg.max_headers)
+        .max_header_size(hard.head_bytes)
+        .max_headers(hard.fields)
+        .max_buf_size(hard.buffer)
         .keep_alive(true);
     let svc_shared = shared.clone();
     let remembered = Some(Arc::new(crate::door::Remembered::default()));
@@ -374,14 +378,10 @@ pub async fn serve_stream<I>(
     let service = service_fn(move |req| {
         let shared = svc_shared.clone();
         let per_conn = per_conn.clone();
-        async move {
-            let resp = match serve {
-                Serve::Proxy => handle(req, &per_conn.0, &per_conn.1, &shared).await,
-                Serve::TransparentHttp { port } => transparent_http(req, &per_conn, &shared, port).await,
-            };
-            Ok::<_, Infallible>(resp)
-        }
+        async move { Ok::<_, Infallible>(handle_within(req, &per_conn, &shared, serve).await) }
     });
+    // Handed back when hyper is done with it, unless the client closed first.
+    let (stream, back) = crate::door::linger::Kept::new(stream);
     let io = TokioIo::new(Watched::new(stream, watch.clone()));
     let connection = builder.serve_connection(io, service).with_upgrades();
     let result = crate::door::watch::serve(connection, &watch, quiet_limit(&shared.config), Some(&shutdown)).await;
@@ -396,6 +396,57 @@ pub async fn serve_stream<I>(
             rec.emit();
         }
     }
+    // The connection's place is held while it lingers.
+    let open = back.lock().ok().and_then(|mut b| b.take());
+    if let Some(stream) = open.filter(|_| !half_close) {
+        crate::door::linger::linger(stream, Some(&shutdown)).await;
+    }
+}
+
+/// A request served on `serve`, unless its head is over `proxy.max_header_bytes` or
+/// `proxy.max_headers`: then `431 request_too_large`, saying which, and the connection
+/// closed.
+async fn handle_within(
+    req: hyper::Request<hyper::body::Incoming>,
+    per_conn: &(ConnInfo, crate::forward::Upstream),
+    shared: &Arc<Shared>,
+    serve: Serve,
+) -> hyper::Response<crate::door::ProxyBody> {
+    let cfg = &shared.config.proxy;
+    let over =
+        crate::door::head_limits::over(req.method(), req.uri(), req.headers(), cfg.max_header_bytes, cfg.max_headers);
+    if let Some(hint) = over {
+        let kind = match serve {
+            Serve::TransparentHttp { .. } => Kind::Transparent,
+            Serve::Proxy if req.method() == http::Method::CONNECT => Kind::Connect,
+            Serve::Proxy => Kind::Forward,
+        };
+        return Box::pin(refuse_over_limits(req, &per_conn.0, shared, kind, hint)).await;
+    }
+    match serve {
+        Serve::Proxy => handle(req, &per_conn.0, &per_conn.1, shared).await,
+        Serve::TransparentHttp { port } => transparent_http(req, per_conn, shared, port).await,
+    }
+}
+
+/// [`handle_within`]'s refusal: recorded, its body drained as any refusal's is.
+async fn refuse_over_limits(
+    req: hyper::Request<hyper::body::Incoming>,
+    conn: &ConnInfo,
+    shared: &Shared,
+    kind: Kind,
+    hint: String,
+) -> hyper::Response<crate::door::ProxyBody> {
+    let generation = shared.store.snapshot().generation;
+    let target = crate::access_log::raw_target(&req.uri().to_string());
+    let mut rec =
+        AccessRecord::with_vpce(kind, req.method().as_str(), target, conn.peer, generation, conn.vpce.clone());
+    let refusal = crate::door::Refusal::new(DenyReason::RequestTooLarge, hint);
+    let resp = crate::door::refuse(&mut rec, refusal, crate::door::Entry::Absolute);
+    let idle = shared.config.proxy.tunnel_idle_timeout;
+    let mut resp = crate::door::bodies::refuse_request(req, idle, resp).await;
+    resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+    resp
 }
 
 /// A plain-HTTP transparent listener's request: made absolute-form by
