@@ -325,6 +325,7 @@ fn inspected_heads_over_the_limits_are_refused_with_the_reason() {
         assert_eq!(r.status, 431, "{version}: {}", r.body);
         assert!(r.headers.contains("x-egress-deny-reason: request_too_large"), "{}", r.headers);
         assert!(r.body.contains("(proxy.max_header_bytes)"), "{}", r.body);
+        assert_eq!(r.headers.contains("connection: close"), version == "--http1.1", "{}", r.headers);
     }
     assert!(w.origin.recorded().is_empty(), "{:?}", w.origin.recorded());
     let r = curl(&w, &w.gw_ca, &["-H", &big[..20 * 1024]], &url);

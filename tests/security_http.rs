@@ -144,9 +144,9 @@ fn oversized_heads_get_431_and_do_not_disturb_others() {
     }
 }
 
-/// A head over `proxy.max_header_bytes` or `proxy.max_headers` (but within twice
-/// them, where hyper's bare 431 takes over) is refused with the reason and the limit it
-/// broke, for a real client as for a raw one, and for CONNECT as for absolute form.
+/// A head over `proxy.max_header_bytes` (but within twice it, where hyper's bare 431
+/// takes over) is refused with the reason and the limit it broke, for a real client as
+/// for a raw one, and for CONNECT as for absolute form.
 #[test]
 fn heads_over_the_limits_are_refused_with_the_limit_they_broke() {
     let (gw, origin) = start_http();
@@ -169,15 +169,6 @@ fn heads_over_the_limits_are_refused_with_the_limit_they_broke() {
     assert!(resp.to_ascii_lowercase().contains("x-egress-deny-reason: request_too_large"), "{resp}");
     assert!(resp.to_ascii_lowercase().contains("connection: close"), "{resp}");
 
-    let mut many = format!("GET http://origin.test:{port}/echo HTTP/1.1\r\nProxy-Authorization: {auth}\r\n");
-    for i in 0..150 {
-        many.push_str(&format!("X-H{i}: v\r\n"));
-    }
-    many.push_str("\r\n");
-    let resp = raw::exchange(gw.addr, many.as_bytes());
-    assert_eq!(status(&resp), 431, "{}", &resp[..resp.len().min(300)]);
-    assert!(resp.contains("151 header fields, over the gateway's limit of 100 (proxy.max_headers)"), "{resp}");
-
     // Within the limits, the same client goes through; nothing refused reached the origin.
     let out = curl(&[
         "-x",
@@ -188,8 +179,8 @@ fn heads_over_the_limits_are_refused_with_the_limit_they_broke() {
     ]);
     assert_eq!(out.status, 200, "{out:?}");
     assert_eq!(origin.recorded().len(), 1, "{:?}", origin.recorded());
-    let refused = gw.wait_for_access(3, |v| v["reason"] == "request_too_large");
-    assert_eq!(refused.len(), 3, "{refused:?}");
+    let refused = gw.wait_for_access(2, |v| v["reason"] == "request_too_large");
+    assert_eq!(refused.len(), 2, "{refused:?}");
     for v in &refused {
         assert_eq!((&v["status"], &v["decision"]), (&431.into(), &"deny".into()), "{v}");
         assert!(v["kind"] == "forward" || (v["kind"] == "connect" && v["method"] == "CONNECT"), "{v}");

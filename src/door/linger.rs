@@ -1,167 +1,136 @@
 //! A lingering close for connections hyper serves. When the gateway answers before a
-//! client has sent all of its request (an origin's early `413`, a refusal with
-//! `Connection: close`, a head over the limits), hyper closes the socket with the
-//! client's bytes unread, and the kernel then resets the connection: the client's next
-//! write fails and it may never read the answer (curl: `Send failure: Broken pipe`).
-//! As nginx and Squid do, the socket is instead shut for writing and what the client
+//! client has sent all of its request (an origin's early `413`, a refusal whose body
+//! was not read, a head over the limits), hyper closes the socket with the client's
+//! bytes unread, and the kernel then resets the connection: the client's next write
+//! fails and it may never read the answer (curl: `Send failure: Broken pipe`). As
+//! nginx and Squid do, the socket is instead shut for writing and what the client
 //! still sends is read and dropped until it closes, for a bounded time.
+//!
+//! It runs inside [`super::watch::Watched`]'s shutdown, which hyper awaits before the
+//! connection ends: the connection keeps its place meanwhile, and a connection hyper
+//! drops without shutting it (a header-read timeout, an idle close) does not linger.
 
-use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio_util::sync::CancellationToken;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::time::{Instant, Sleep};
 
+/// Longest wait for the client's first bytes: a client that sends none by then had
+/// nothing in flight (a complete request answered with `Connection: close`).
+pub const FIRST: Duration = Duration::from_millis(500);
 /// Longest wait for the client's next bytes while lingering.
-const QUIET: Duration = Duration::from_secs(2);
+pub const QUIET: Duration = Duration::from_secs(2);
 /// Longest linger in all.
-const TOTAL: Duration = Duration::from_secs(10);
+pub const TOTAL: Duration = Duration::from_secs(10);
 
-/// Where a [`Kept`] stream goes when hyper drops it.
-pub type Back<IO> = Arc<Mutex<Option<IO>>>;
-
-/// A byte stream that, dropped before its client closed its side, is put in its
-/// [`Back`] for [`linger`] rather than closed.
-pub struct Kept<IO> {
-    inner: Option<IO>,
-    eof: bool,
-    back: Back<IO>,
+/// A lingering close in progress (made only when a connection starts one).
+pub struct Linger {
+    buf: Vec<u8>,
+    quiet: Pin<Box<Sleep>>,
+    until: Instant,
+    done: bool,
 }
 
-impl<IO> Kept<IO> {
-    pub fn new(inner: IO) -> (Self, Back<IO>) {
-        let back = Arc::new(Mutex::new(None));
-        (Kept { inner: Some(inner), eof: false, back: back.clone() }, back)
-    }
-}
-
-impl<IO> Drop for Kept<IO> {
-    fn drop(&mut self) {
-        if self.eof {
-            return;
-        }
-        if let (Some(io), Ok(mut back)) = (self.inner.take(), self.back.lock()) {
-            *back = Some(io);
+impl Default for Linger {
+    fn default() -> Self {
+        let now = Instant::now();
+        Linger {
+            buf: vec![0u8; 16 * 1024],
+            quiet: Box::pin(tokio::time::sleep_until(now + FIRST)),
+            until: now + TOTAL,
+            done: false,
         }
     }
 }
 
-fn gone() -> io::Error {
-    io::Error::new(io::ErrorKind::NotConnected, "stream already handed back")
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Kept<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let Some(io) = self.inner.as_mut() else { return Poll::Ready(Err(gone())) };
-        let r = Pin::new(io).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() == before && buf.remaining() > 0 {
-            self.eof = true;
-        }
-        r
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Kept<IO> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.inner.as_mut() {
-            Some(io) => Pin::new(io).poll_write(cx, buf),
-            None => Poll::Ready(Err(gone())),
-        }
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.inner.as_mut() {
-            Some(io) => Pin::new(io).poll_write_vectored(cx, bufs),
-            None => Poll::Ready(Err(gone())),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.as_ref().is_some_and(AsyncWrite::is_write_vectored)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.inner.as_mut() {
-            Some(io) => Pin::new(io).poll_flush(cx),
-            None => Poll::Ready(Ok(())),
-        }
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.inner.as_mut() {
-            Some(io) => Pin::new(io).poll_shutdown(cx),
-            None => Poll::Ready(Ok(())),
-        }
-    }
-}
-
-/// Shuts `io` for writing and reads what the client still sends until it closes, it
-/// sends nothing for 2 s, 10 s have passed, or the gateway shuts down.
-pub async fn linger<IO: AsyncRead + AsyncWrite + Unpin>(mut io: IO, shutdown: Option<&CancellationToken>) {
-    let never = CancellationToken::new();
-    let shutdown = shutdown.unwrap_or(&never);
-    let drain = async {
-        // Already shut if hyper closed it gracefully; then this does nothing.
-        let _ = io.shutdown().await;
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match tokio::time::timeout(QUIET, io.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => continue,
-                _ => return,
+impl Linger {
+    /// Reads and drops what `io` still sends: ready once it ends, fails, sends nothing
+    /// for [`FIRST`] at first and [`QUIET`] after, or [`TOTAL`] has passed.
+    pub fn poll_drain<R: AsyncRead + Unpin>(&mut self, io: &mut R, cx: &mut Context<'_>) -> Poll<()> {
+        while !self.done {
+            let mut rb = ReadBuf::new(&mut self.buf);
+            match Pin::new(&mut *io).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) if !rb.filled().is_empty() => {
+                    let next = (Instant::now() + QUIET).min(self.until);
+                    if next <= Instant::now() {
+                        tracing::debug!("lingering close cut short: the client kept sending");
+                        self.done = true;
+                    } else {
+                        self.quiet.as_mut().reset(next);
+                    }
+                }
+                Poll::Ready(_) => self.done = true,
+                Poll::Pending => {
+                    if self.quiet.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    self.done = true;
+                }
             }
         }
-    };
-    tokio::select! {
-        () = drain => {}
-        _ = tokio::time::sleep(TOTAL) => tracing::debug!("lingering close cut short: the client kept sending"),
-        () = shutdown.cancelled() => {}
+        Poll::Ready(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
-    #[tokio::test]
-    async fn a_stream_comes_back_unless_its_client_closed() {
-        let (a, mut peer) = tokio::io::duplex(64);
-        let (mut kept, back) = Kept::new(a);
-        peer.write_all(b"x").await.unwrap();
-        let mut one = [0u8; 1];
-        kept.read_exact(&mut one).await.unwrap();
-        drop(kept);
-        assert!(back.lock().unwrap().is_some(), "open: handed back to linger");
-
-        let (a, peer) = tokio::io::duplex(64);
-        let (mut kept, back) = Kept::new(a);
-        drop(peer);
-        assert_eq!(kept.read(&mut one).await.unwrap(), 0);
-        drop(kept);
-        assert!(back.lock().unwrap().is_none(), "at its end: closed at once");
+    async fn drain(io: &mut tokio::io::DuplexStream) {
+        let mut l = Linger::default();
+        std::future::poll_fn(|cx| l.poll_drain(io, cx)).await;
     }
 
     #[tokio::test(start_paused = true)]
-    async fn lingering_ends_when_the_client_closes_or_goes_quiet() {
-        let (a, mut peer) = tokio::io::duplex(64);
-        let task = tokio::spawn(linger(a, None));
-        peer.write_all(b"rest of an upload").await.unwrap();
-        let mut got = Vec::new();
-        peer.read_to_end(&mut got).await.unwrap();
-        assert!(got.is_empty(), "shut for writing at once");
-        drop(peer);
-        task.await.unwrap();
+    async fn a_client_with_nothing_in_flight_is_waited_on_briefly() {
+        let (mut a, _peer) = tokio::io::duplex(64);
+        let started = Instant::now();
+        drain(&mut a).await;
+        assert_eq!(started.elapsed(), FIRST);
+    }
 
-        let (a, _peer) = tokio::io::duplex(64);
-        let started = tokio::time::Instant::now();
-        linger(a, None).await;
+    #[tokio::test(start_paused = true)]
+    async fn a_sending_client_is_read_until_it_closes_or_goes_quiet() {
+        let (mut a, mut peer) = tokio::io::duplex(64);
+        peer.write_all(b"rest of an upload").await.unwrap();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            peer.write_all(b"more").await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(peer);
+        });
+        let started = Instant::now();
+        drain(&mut a).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(2), "until the client closed");
+        sender.await.unwrap();
+
+        let (mut a, mut peer) = tokio::io::duplex(64);
+        peer.write_all(b"x").await.unwrap();
+        let started = Instant::now();
+        drain(&mut a).await;
         assert_eq!(started.elapsed(), QUIET, "a quiet client is not waited on longer");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_keeps_sending_is_cut_off() {
+        let (mut a, mut peer) = tokio::io::duplex(64);
+        peer.write_all(b"x").await.unwrap();
+        let sender = tokio::spawn(async move {
+            while peer.write_all(b"x").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        let started = Instant::now();
+        drain(&mut a).await;
+        assert!(
+            started.elapsed() >= TOTAL && started.elapsed() < TOTAL + Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(a);
+        sender.await.unwrap();
     }
 }

@@ -195,15 +195,20 @@ pub async fn serve<C: Graceful>(
     .await
 }
 
-/// A byte stream that tells its [`Watch`] when bytes move.
+/// A byte stream that tells its [`Watch`] when bytes move. Shut down (by hyper, as a
+/// connection ends) while its client is still sending, it lingers
+/// ([`super::linger`]).
 pub struct Watched<IO> {
     inner: IO,
     watch: std::sync::Arc<Watch>,
+    /// The client's end of input was read.
+    ended: bool,
+    linger: Option<Box<super::linger::Linger>>,
 }
 
 impl<IO> Watched<IO> {
     pub fn new(inner: IO, watch: std::sync::Arc<Watch>) -> Self {
-        Watched { inner, watch }
+        Watched { inner, watch, ended: false, linger: None }
     }
 
     pub fn into_inner(self) -> IO {
@@ -217,12 +222,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
             self.watch.touch();
+        } else if r.is_ready() && buf.remaining() > 0 {
+            self.ended = true;
         }
         r
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
@@ -251,8 +258,20 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
+    /// Shuts the stream for writing, then lingers unless the client already ended.
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        if this.linger.is_none() {
+            std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            if this.ended {
+                return Poll::Ready(Ok(()));
+            }
+            this.linger = Some(Box::default());
+        }
+        match this.linger.as_mut() {
+            Some(l) => l.poll_drain(&mut this.inner, cx).map(Ok),
+            None => Poll::Ready(Ok(())),
+        }
     }
 }
 

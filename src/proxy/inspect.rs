@@ -110,8 +110,14 @@ async fn choose(
     if let Some(hint) =
         door::head_limits::over(req.method(), req.uri(), req.headers(), cfg.max_header_bytes, cfg.max_headers)
     {
+        let h1 = req.version() < http::Version::HTTP_2;
         let resp = refuse_for(DenyReason::RequestTooLarge, hint);
-        return door::bodies::refuse_request(req, cfg.tunnel_idle_timeout, resp).await;
+        let mut resp = door::bodies::refuse_request(req, cfg.tunnel_idle_timeout, resp).await;
+        // As on the proxy port, the connection ends with it (HTTP/2 has no such field).
+        if h1 {
+            resp.headers_mut().insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        return resp;
     }
     // A tunnel inside a tunnel would carry bytes no request rule sees, whichever
     // handler the host has (an API route's would even add its credential).

@@ -21,6 +21,7 @@ use super::proxy_protocol::{self, Detect};
 use super::{Shared, handle};
 use crate::access_log::{AccessRecord, Kind};
 use crate::config::ProxyProtocol;
+use crate::door::head_limits;
 use crate::door::watch::{Watch, Watched};
 use crate::door::{ConnInfo, Held, respond};
 use crate::policy::DenyReason;
@@ -357,9 +358,9 @@ pub async fn serve_stream<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &shared.config.proxy;
-    // hyper refuses only what is over twice the limits, with a bare 431; `handle_within`
-    // refuses the rest of what is over them, saying which.
-    let hard = crate::door::head_limits::hard(cfg.max_header_bytes, cfg.max_headers);
+    // hyper refuses a head over twice the byte limit (or over the field count) with a
+    // bare 431; the service refuses the rest of what is over, saying which limit.
+    let hard = head_limits::hard(cfg.max_header_bytes, cfg.max_headers);
     let mut builder = http1::Builder::new();
     builder
         .half_close(half_close)
@@ -378,10 +379,19 @@ pub async fn serve_stream<I>(
     let service = service_fn(move |req| {
         let shared = svc_shared.clone();
         let per_conn = per_conn.clone();
-        async move { Ok::<_, Infallible>(handle_within(req, &per_conn, &shared, serve).await) }
+        async move {
+            // A head over `proxy.max_header_bytes` or `proxy.max_headers`: `431
+            // request_too_large`, saying which, and the connection closed.
+            let cfg = &shared.config.proxy;
+            let over = head_limits::over(req.method(), req.uri(), req.headers(), cfg.max_header_bytes, cfg.max_headers);
+            let resp = match (over, serve) {
+                (Some(hint), _) => Box::pin(refuse_over_limits(req, &per_conn.0, &shared, serve, hint)).await,
+                (None, Serve::Proxy) => handle(req, &per_conn.0, &per_conn.1, &shared).await,
+                (None, Serve::TransparentHttp { port }) => transparent_http(req, &per_conn, &shared, port).await,
+            };
+            Ok::<_, Infallible>(resp)
+        }
     });
-    // Handed back when hyper is done with it, unless the client closed first.
-    let (stream, back) = crate::door::linger::Kept::new(stream);
     let io = TokioIo::new(Watched::new(stream, watch.clone()));
     let connection = builder.serve_connection(io, service).with_upgrades();
     let result = crate::door::watch::serve(connection, &watch, quiet_limit(&shared.config), Some(&shutdown)).await;
@@ -396,47 +406,22 @@ pub async fn serve_stream<I>(
             rec.emit();
         }
     }
-    // The connection's place is held while it lingers.
-    let open = back.lock().ok().and_then(|mut b| b.take());
-    if let Some(stream) = open.filter(|_| !half_close) {
-        crate::door::linger::linger(stream, Some(&shutdown)).await;
-    }
 }
 
-/// A request served on `serve`, unless its head is over `proxy.max_header_bytes` or
-/// `proxy.max_headers`: then `431 request_too_large`, saying which, and the connection
-/// closed.
-async fn handle_within(
-    req: hyper::Request<hyper::body::Incoming>,
-    per_conn: &(ConnInfo, crate::forward::Upstream),
-    shared: &Arc<Shared>,
-    serve: Serve,
-) -> hyper::Response<crate::door::ProxyBody> {
-    let cfg = &shared.config.proxy;
-    let over =
-        crate::door::head_limits::over(req.method(), req.uri(), req.headers(), cfg.max_header_bytes, cfg.max_headers);
-    if let Some(hint) = over {
-        let kind = match serve {
-            Serve::TransparentHttp { .. } => Kind::Transparent,
-            Serve::Proxy if req.method() == http::Method::CONNECT => Kind::Connect,
-            Serve::Proxy => Kind::Forward,
-        };
-        return Box::pin(refuse_over_limits(req, &per_conn.0, shared, kind, hint)).await;
-    }
-    match serve {
-        Serve::Proxy => handle(req, &per_conn.0, &per_conn.1, shared).await,
-        Serve::TransparentHttp { port } => transparent_http(req, per_conn, shared, port).await,
-    }
-}
-
-/// [`handle_within`]'s refusal: recorded, its body drained as any refusal's is.
+/// The refusal of a head over the limits (`door::head_limits`): recorded, its body
+/// drained as any refusal's is, and the connection closed.
 async fn refuse_over_limits(
     req: hyper::Request<hyper::body::Incoming>,
     conn: &ConnInfo,
     shared: &Shared,
-    kind: Kind,
+    serve: Serve,
     hint: String,
 ) -> hyper::Response<crate::door::ProxyBody> {
+    let kind = match serve {
+        Serve::TransparentHttp { .. } => Kind::Transparent,
+        Serve::Proxy if req.method() == http::Method::CONNECT => Kind::Connect,
+        Serve::Proxy => Kind::Forward,
+    };
     let generation = shared.store.snapshot().generation;
     let target = crate::access_log::raw_target(&req.uri().to_string());
     let mut rec =
