@@ -296,7 +296,7 @@ async fn relay(
     cancel: &CancellationToken,
     meter: Option<&crate::budget::Meter>,
 ) -> relay::Outcome {
-    match upgraded.downcast::<TokioIo<door::watch::Watched<Replayed>>>() {
+    match upgraded.downcast::<door::watch::Served<Replayed>>() {
         Ok(parts) => {
             // Bytes the client sent right behind the CONNECT head: what hyper read, then
             // what it left of the fast path's first read (nothing, in practice).

@@ -195,6 +195,16 @@ pub async fn serve<C: Graceful>(
     .await
 }
 
+/// A client stream as hyper serves it. A CONNECT hyper served takes its plain-TCP
+/// client leg back by downcasting to this type (`connect::relay`), so the stream is
+/// wrapped here and nowhere else: a wrapper added elsewhere would silently send those
+/// tunnels through buffers instead of `splice`.
+pub type Served<IO> = hyper_util::rt::TokioIo<Watched<IO>>;
+
+pub fn served<IO>(inner: IO, watch: std::sync::Arc<Watch>) -> Served<IO> {
+    hyper_util::rt::TokioIo::new(Watched::new(inner, watch))
+}
+
 /// A byte stream that tells its [`Watch`] when bytes move. Shut down (by hyper, as a
 /// connection ends) while its client is still sending, it lingers
 /// ([`super::linger`]).

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -22,7 +22,7 @@ use super::{Shared, handle};
 use crate::access_log::{AccessRecord, Kind};
 use crate::config::ProxyProtocol;
 use crate::door::head_limits;
-use crate::door::watch::{Watch, Watched};
+use crate::door::watch::Watch;
 use crate::door::{ConnInfo, Held, respond};
 use crate::policy::DenyReason;
 
@@ -392,7 +392,7 @@ pub async fn serve_stream<I>(
             Ok::<_, Infallible>(resp)
         }
     });
-    let io = TokioIo::new(Watched::new(stream, watch.clone()));
+    let io = crate::door::watch::served(stream, watch.clone());
     let connection = builder.serve_connection(io, service).with_upgrades();
     let result = crate::door::watch::serve(connection, &watch, quiet_limit(&shared.config), Some(&shutdown)).await;
     if let Err(e) = result {
