@@ -360,6 +360,43 @@ fn report_mode_lets_denied_traffic_through_and_says_so() {
     assert_eq!(rec["policy"], "r");
 }
 
+/// After an upgrade, an origin that shuts its sending side still gets every byte the
+/// client sends until the client's own end: the half-close is passed on, and nothing
+/// reads the client's side but the relay (a lingering close, meant for a connection
+/// hyper ends, once dropped about half of them).
+#[test]
+fn an_upgraded_connection_half_closed_by_the_origin_still_carries_the_client_s_bytes() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let origin = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        raw::read_head(&mut s);
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nHELLO")
+            .unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got.len()
+    });
+    let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
+    let mut s = raw::connect(gw.addr);
+    let req = format!(
+        "GET http://origin.test:{port}/ws HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        basic("sbx-a", TOKEN_A)
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let all = raw::read_all(&mut s);
+    assert!(all.starts_with("HTTP/1.1 101") && all.ends_with("HELLO"), "{all}");
+    for _ in 0..20 {
+        s.write_all(&[b'x'; 1000]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(origin.join().unwrap(), 20_000);
+}
+
 /// A WebSocket handshake asked for as `http://` or, as aiohttp does, `ws://`.
 #[test]
 fn websocket_upgrade_is_relayed() {

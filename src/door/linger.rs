@@ -9,6 +9,8 @@
 //! It runs inside [`super::watch::Watched`]'s shutdown, which hyper awaits before the
 //! connection ends: the connection keeps its place meanwhile, and a connection hyper
 //! drops without shutting it (a header-read timeout, an idle close) does not linger.
+//! Nor does a stream hyper has handed to an upgrade: a relay that shuts it is passing
+//! on the upstream's half-close, and the client's bytes are still the relay's to read.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -28,6 +28,10 @@ pub struct Watch {
     /// a read or write costs no clock.
     moved: AtomicU64,
     end: CancellationToken,
+    /// hyper's connection has ended: the stream is an upgrade's now (a WebSocket, a
+    /// CONNECT hyper served), or closed. A shutdown then is a relay passing on a
+    /// half-close, with the other direction still being read: no lingering.
+    handed_over: AtomicBool,
 }
 
 /// Ticks per idle period: a silent connection closes between `idle` and 1.25 `idle`.
@@ -37,7 +41,7 @@ impl Watch {
     /// A watch whose end is `end` (an inspected connection's: a child of the token
     /// that ends the tunnel it runs in).
     pub fn with_end(end: CancellationToken) -> Self {
-        Watch { moved: AtomicU64::new(0), end }
+        Watch { moved: AtomicU64::new(0), end, handed_over: AtomicBool::new(false) }
     }
 
     /// Cancelled when a sweep ends a request on the connection: the serving loop then
@@ -161,6 +165,8 @@ pub async fn serve<C: Graceful>(
         fired.task.register(cx.waker());
         loop {
             if let Poll::Ready(r) = connection.as_mut().poll(cx) {
+                // Before any task an upgrade woke runs (they share this thread).
+                watch.handed_over.store(true, Ordering::Release);
                 return Poll::Ready(r);
             }
             if !fired.fired.swap(false, Ordering::AcqRel) {
@@ -273,7 +279,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         let this = &mut *self;
         if this.linger.is_none() {
             std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
-            if this.ended {
+            if this.ended || this.watch.handed_over.load(Ordering::Acquire) {
                 return Poll::Ready(Ok(()));
             }
             this.linger = Some(Box::default());
