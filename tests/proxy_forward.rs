@@ -360,6 +360,14 @@ fn report_mode_lets_denied_traffic_through_and_says_so() {
     assert_eq!(rec["policy"], "r");
 }
 
+/// sbx-a's WebSocket handshake for `url`, in absolute form.
+fn websocket_handshake(url: &str) -> String {
+    format!(
+        "GET {url} HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        basic("sbx-a", TOKEN_A)
+    )
+}
+
 /// After an upgrade, an origin that shuts its sending side still gets every byte the
 /// client sends until the client's own end: the half-close is passed on, and nothing
 /// reads the client's side but the relay (a lingering close, meant for a connection
@@ -381,11 +389,7 @@ fn an_upgraded_connection_half_closed_by_the_origin_still_carries_the_client_s_b
     });
     let gw = TestGateway::start(STANDARD_CONFIG, &standard_policy());
     let mut s = raw::connect(gw.addr);
-    let req = format!(
-        "GET http://origin.test:{port}/ws HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        basic("sbx-a", TOKEN_A)
-    );
-    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(websocket_handshake(&format!("http://origin.test:{port}/ws")).as_bytes()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let all = raw::read_all(&mut s);
     assert!(all.starts_with("HTTP/1.1 101") && all.ends_with("HELLO"), "{all}");
@@ -404,11 +408,7 @@ fn websocket_upgrade_is_relayed() {
     let port = origin.port();
     for (i, scheme) in ["http", "ws", "WS"].into_iter().enumerate() {
         let mut s = raw::connect(gw.addr);
-        let req = format!(
-            "GET {scheme}://origin.test:{port}/ws HTTP/1.1\r\nProxy-Authorization: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-            basic("sbx-a", TOKEN_A)
-        );
-        s.write_all(req.as_bytes()).unwrap();
+        s.write_all(websocket_handshake(&format!("{scheme}://origin.test:{port}/ws")).as_bytes()).unwrap();
         let head = raw::read_head(&mut s);
         assert_eq!(status(&head), 101, "{scheme}: {head}");
         assert!(head.to_ascii_lowercase().contains("upgrade: websocket"), "{head}");
