@@ -28,10 +28,11 @@ pub struct Watch {
     /// a read or write costs no clock.
     moved: AtomicU64,
     end: CancellationToken,
-    /// hyper's connection has ended: the stream is an upgrade's now (a WebSocket, a
-    /// CONNECT hyper served), or closed. A shutdown then is a relay passing on a
-    /// half-close, with the other direction still being read: no lingering.
-    handed_over: AtomicBool,
+    /// No lingering close ([`super::linger`]): hyper's connection has ended (the stream
+    /// is an upgrade's now, a WebSocket or a CONNECT hyper served, and a shutdown is a
+    /// relay passing on a half-close while the other direction is still read), or the
+    /// gateway is draining.
+    no_linger: AtomicBool,
 }
 
 /// Ticks per idle period: a silent connection closes between `idle` and 1.25 `idle`.
@@ -41,7 +42,7 @@ impl Watch {
     /// A watch whose end is `end` (an inspected connection's: a child of the token
     /// that ends the tunnel it runs in).
     pub fn with_end(end: CancellationToken) -> Self {
-        Watch { moved: AtomicU64::new(0), end, handed_over: AtomicBool::new(false) }
+        Watch { moved: AtomicU64::new(0), end, no_linger: AtomicBool::new(false) }
     }
 
     /// Cancelled when a sweep ends a request on the connection: the serving loop then
@@ -166,7 +167,7 @@ pub async fn serve<C: Graceful>(
         loop {
             if let Poll::Ready(r) = connection.as_mut().poll(cx) {
                 // Before any task an upgrade woke runs (they share this thread).
-                watch.handed_over.store(true, Ordering::Release);
+                watch.no_linger.store(true, Ordering::Release);
                 return Poll::Ready(r);
             }
             if !fired.fired.swap(false, Ordering::AcqRel) {
@@ -177,6 +178,8 @@ pub async fn serve<C: Graceful>(
             if !draining && drained.as_mut().poll(&mut wcx).is_ready() {
                 draining = true;
                 asked = true;
+                // A lingering close in progress ends at the next poll, just below.
+                watch.no_linger.store(true, Ordering::Release);
             }
             if !ending && ended.as_mut().poll(&mut wcx).is_ready() {
                 ending = true;
@@ -277,12 +280,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
     /// Shuts the stream for writing, then lingers unless the client already ended.
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        let no_linger = || this.watch.no_linger.load(Ordering::Acquire);
         if this.linger.is_none() {
             std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
-            if this.ended || this.watch.handed_over.load(Ordering::Acquire) {
+            if this.ended || no_linger() {
                 return Poll::Ready(Ok(()));
             }
             this.linger = Some(Box::default());
+        } else if no_linger() {
+            return Poll::Ready(Ok(()));
         }
         match this.linger.as_mut() {
             Some(l) => l.poll_drain(&mut this.inner, cx).map(Ok),
